@@ -1,0 +1,77 @@
+"""gpufleet: keep every GPU in a fleet doing useful work.
+
+The public API for training scripts is small and cheap to import::
+
+    import gpufleet
+    run = gpufleet.init()
+    start = run.restore({"model": model, "optim": optim})
+    for step in run.steps(total):
+        ...
+        run.log(loss=loss)
+
+torch is imported only when ``init()`` is called.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from gpufleet.core.errors import (
+    CheckpointCorrupt,
+    CheckpointError,
+    ConfigError,
+    GpufleetError,
+    NoCheckpoint,
+    RetryableStorageError,
+    StorageError,
+    SupervisorError,
+    TerminalStorageError,
+    UsageError,
+)
+
+if TYPE_CHECKING:
+    from gpufleet.train.run import Run
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "init",
+    "Run",
+    "EarlyStopping",
+    "RNGState",
+    "StepSampler",
+    "GpufleetError",
+    "UsageError",
+    "ConfigError",
+    "CheckpointError",
+    "CheckpointCorrupt",
+    "NoCheckpoint",
+    "StorageError",
+    "RetryableStorageError",
+    "TerminalStorageError",
+    "SupervisorError",
+    "__version__",
+]
+
+
+def init(**kwargs: Any) -> Run:
+    """Join the supervised run (or start a standalone one) and set up torch.distributed.
+
+    See :class:`gpufleet.train.run.Run` for the keyword arguments.
+    """
+    from gpufleet.train.run import init as _init
+
+    return _init(**kwargs)
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy re-exports: these pull in torch, which a bare `import gpufleet` must not.
+    if name == "Run":
+        from gpufleet.train.run import Run
+
+        return Run
+    if name in ("EarlyStopping", "RNGState", "StepSampler"):
+        from gpufleet.train import state
+
+        return getattr(state, name)
+    raise AttributeError(f"module 'gpufleet' has no attribute {name!r}")

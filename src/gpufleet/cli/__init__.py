@@ -1,0 +1,1 @@
+"""The ``gpufleet`` command line: one thin module per command group."""

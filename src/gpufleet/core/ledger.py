@@ -1,0 +1,123 @@
+"""The append-only event ledger: one JSONL file per run directory.
+
+Why JSONL and not SQLite: every event is one ``write()`` of one line to a file opened with
+``O_APPEND``, so several processes (the supervisor, rank 0's checkpoint thread in standalone mode)
+can append without a lock, a crash leaves at most one torn last line (which readers skip), the file
+can be tailed and grepped while a run is live, and it behaves the same on a shared filesystem where
+SQLite's locking does not. The ledger is the single source of every reliability number.
+
+Each event carries ``ev`` (its type, see :mod:`gpufleet.core.events`), ``t`` (wall clock, seconds
+since the epoch), ``mono`` (``time.monotonic()``, comparable between processes on one host) and
+``session`` (one ``gpufleet run`` invocation); the rest depends on the type.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+__all__ = ["EventSink", "Ledger", "PipeSink", "NullSink", "read_events", "LEDGER_NAME"]
+
+LEDGER_NAME = "ledger.jsonl"
+
+
+class EventSink(Protocol):
+    """Anything that takes events: the ledger itself, or a pipe to the supervisor."""
+
+    def emit(self, ev: str, **fields: Any) -> None: ...
+
+
+def _encode(ev: str, fields: dict[str, Any]) -> bytes:
+    record = {"ev": ev, "t": fields.pop("t", time.time()), "mono": fields.pop("mono", time.monotonic())}
+    record.update(fields)
+    return (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode()
+
+
+class Ledger:
+    """Appends events to ``RUN_DIR/ledger.jsonl``. Safe to share between processes on one host."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], session: str | None = None, fsync: bool = False):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / LEDGER_NAME
+        self.session = session
+        self._fsync = fsync
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def emit(self, ev: str, **fields: Any) -> None:
+        if self.session is not None:
+            fields.setdefault("session", self.session)
+        self.write_raw(_encode(ev, fields))
+
+    def write_raw(self, line: bytes) -> None:
+        """Append one already-encoded event line (used when relaying events from workers)."""
+        if not line.endswith(b"\n"):
+            line += b"\n"
+        os.write(self._fd, line)
+        if self._fsync:
+            os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class PipeSink:
+    """Sends events from a worker to its supervisor over an inherited pipe (one line per event).
+
+    Lines are shorter than PIPE_BUF, so writes from threads of one worker never interleave.
+    """
+
+    def __init__(self, fd: int, rank: int):
+        self._fd = fd
+        self._rank = rank
+
+    def emit(self, ev: str, **fields: Any) -> None:
+        fields.setdefault("rank", self._rank)
+        try:
+            os.write(self._fd, _encode(ev, fields))
+        except BrokenPipeError:
+            # The supervisor is gone; it will kill us shortly. Events are best-effort from here.
+            pass
+
+
+class NullSink:
+    """Discards events (ranks other than 0 in standalone mode)."""
+
+    def emit(self, ev: str, **fields: Any) -> None:
+        return None
+
+
+def iter_events(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """Yield events in file order, skipping a torn or garbled line rather than failing the read."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / LEDGER_NAME
+    if not p.exists():
+        return
+    with open(p, "rb") as f:
+        for raw in f:
+            if not raw.endswith(b"\n"):
+                break  # torn last line of a crashed writer
+            try:
+                rec = json.loads(raw)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(rec, dict) and "ev" in rec:
+                yield rec
+
+
+def read_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """All events of a run directory (or of a ledger file)."""
+    return list(iter_events(path))
