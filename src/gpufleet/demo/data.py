@@ -65,7 +65,9 @@ class CharCorpus:
     stride: int
 
     @classmethod
-    def from_text(cls, text: str, context: int = 64, stride: int = 16, val_fraction: float = 0.1) -> CharCorpus:
+    def from_text(
+        cls, text: str, context: int = 64, stride: int = 16, val_fraction: float = 0.1
+    ) -> CharCorpus:
         if context < 1 or stride < 1:
             raise ValueError("context and stride must be >= 1")
         if not 0.0 < val_fraction < 1.0:

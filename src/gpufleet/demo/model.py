@@ -122,7 +122,9 @@ class TinyGPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
 
     @torch.no_grad()
-    def generate(self, idx: torch.Tensor, n_new: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    def generate(
+        self, idx: torch.Tensor, n_new: int, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
         """Sample ``n_new`` tokens after ``idx`` (eval mode; uses its own generator if given)."""
         was_training = self.training
         self.eval()
