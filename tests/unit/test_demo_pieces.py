@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
+from gpufleet.checkpoint.manifest import FileEntry, Manifest, write_manifest
+from gpufleet.checkpoint.verify import hash_file
 from gpufleet.demo.compare import compare_runs, digest, latest_checkpoint
 from gpufleet.demo.data import CharCorpus, CharVocab, load_text
 from gpufleet.demo.model import GPTConfig, TinyGPT
@@ -100,7 +101,8 @@ def _fake_run(tmp: Path, name: str, model: torch.nn.Module, steps: tuple[int, ..
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             dcp.save({"model": model.state_dict(), "step": step}, checkpoint_id=str(d), no_dist=True)
-        (d / "manifest.json").write_text(json.dumps({"step": step}))
+        files = {f.name: FileEntry(*hash_file(f)) for f in d.iterdir()}
+        write_manifest(d, Manifest(step=step, time=0.0, world_size=1, files=files))
     (run_dir / "checkpoints" / "step_00000099").mkdir()  # no manifest: does not exist for restore
     return run_dir
 
@@ -112,6 +114,12 @@ def test_compare_runs_identical_and_different(tmp_path: Path) -> None:
     b = _fake_run(tmp_path, "b", m1, (10,))
     c = _fake_run(tmp_path, "c", m2, (10,))
     assert latest_checkpoint(a)[0] == 10
+    newest = a / "checkpoints" / "step_00000010"
+    shard = next(p for p in newest.iterdir() if p.suffix == ".distcp")
+    blob = bytearray(shard.read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    shard.write_bytes(bytes(blob))  # bit flip: fails verification, falls back to step 5
+    assert latest_checkpoint(a)[0] == 5
     same = compare_runs(a, b)
     assert same.identical and same.max_abs_diff == 0.0 and same.a.sha256 == same.b.sha256
     diff = compare_runs(a, c)

@@ -38,19 +38,13 @@ def _candidates(run_dir: Path) -> list[tuple[int, Path]]:
 
 
 def _verified(path: Path) -> bool:
-    """Ask the checkpoint engine to verify sizes and checksums when it is available."""
+    """Sizes and checksums against the manifest, through the checkpoint engine's verifier."""
     try:
-        from gpufleet.checkpoint import manifest as mf  # type: ignore[attr-defined]
-    except ImportError:
+        from gpufleet.checkpoint.verify import verify_dir
+    except ImportError:  # the engine is optional for this tool: a manifest is then enough
         return True
-    verify = getattr(mf, "verify_dir", None) or getattr(mf, "verify", None)
-    if verify is None:
-        return True
-    try:
-        res = verify(path)
-    except Exception:
-        return False
-    return bool(getattr(res, "ok", res if res is not None else True))
+    _, reason = verify_dir(path)
+    return reason is None
 
 
 def latest_checkpoint(run_dir: str | Path) -> tuple[int, Path]:
