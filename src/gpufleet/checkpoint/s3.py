@@ -1,0 +1,404 @@
+"""Checkpoint tier on any S3-compatible object store (AWS S3, SeaweedFS, MinIO, Ceph RGW, ...).
+
+Library: **boto3** (with botocore and s3transfer). It is the de-facto standard S3 client, so every
+S3-compatible server is tested against it; botocore brings retry modes with a retry quota and the
+credential chain (env, profile, instance role, SSO); s3transfer brings a multipart transfer manager
+with parallel parts and ranged parallel downloads. boto3 is the ``s3`` extra and is imported here
+lazily, inside :class:`S3Store`, so ``import gpufleet`` in a training rank stays cheap.
+
+Two retry layers:
+
+- botocore ``standard`` retries each HTTP request (each part) a few times;
+- on top, every whole-object operation (one file upload or download, one listing, one delete batch)
+  gets our own bounded exponential backoff with jitter for throttling (SlowDown, 503), 5xx,
+  connection errors and timeouts. When the attempts run out it raises
+  :class:`~gpufleet.core.errors.RetryableStorageError`. Auth failures, a missing bucket or key and
+  local disk errors raise :class:`~gpufleet.core.errors.TerminalStorageError` at once.
+
+Ordering: ``upload_dir`` uploads ``manifest.json`` only after every other file has landed, and
+``delete_prefix`` deletes it first, so a half-uploaded or half-deleted checkpoint is never visible
+to ``list_prefixes``. The engine calls this from a background thread after the local commit, never
+from inside a collective.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, TypeVar
+
+from gpufleet.core.errors import RetryableStorageError, StorageError, TerminalStorageError, UsageError
+
+__all__ = ["S3Store", "parse_s3_url", "MANIFEST_NAME"]
+
+log = logging.getLogger(__name__)
+
+MANIFEST_NAME = "manifest.json"
+MiB = 1024 * 1024
+T = TypeVar("T")
+
+# Error codes worth retrying even when the HTTP status alone would not say so.
+_RETRYABLE_CODES = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottled",
+        "RequestLimitExceeded",
+        "TooManyRequestsException",
+        "ProvisionedThroughputExceededException",
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "InternalError",
+        "ServiceUnavailable",
+        "BadDigest",
+        "IncompleteBody",
+        "OperationAborted",
+    }
+)
+_RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    """Split ``s3://bucket/some/prefix`` into ``("bucket", "some/prefix")``; raise UsageError if bad."""
+    if not isinstance(url, str) or not url.startswith("s3://"):
+        raise UsageError(f"not an s3:// URL: {url!r} (expected s3://bucket/prefix)")
+    rest = url[len("s3://") :]
+    bucket, _, prefix = rest.partition("/")
+    ok_chars = set("abcdefghijklmnopqrstuvwxyz0123456789.-_")
+    if not (3 <= len(bucket) <= 63) or not set(bucket) <= ok_chars or not bucket[0].isalnum():
+        raise UsageError(f"bad bucket name in {url!r}: 3-63 lowercase letters, digits, '.', '-', '_'")
+    prefix = prefix.strip("/")
+    if any(part in ("", ".", "..") for part in prefix.split("/")) and prefix:
+        raise UsageError(f"bad key prefix in {url!r}: empty, '.' or '..' path segments")
+    return bucket, prefix
+
+
+def _clean_rel(rel: str, what: str) -> str:
+    rel = rel.strip("/")
+    if not rel or any(p in ("", ".", "..") for p in rel.split("/")):
+        raise UsageError(f"bad {what} {rel!r}: must be a relative key without '.', '..' or '//'")
+    return rel
+
+
+@dataclass
+class _Job:
+    key: str
+    path: Path
+    size: int
+
+
+class _ProvideSize:
+    """An s3transfer subscriber that passes the known object size, saving a HEAD per download."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def on_queued(self, future: Any, **kwargs: Any) -> None:
+        future.meta.provide_transfer_size(self.size)
+
+    def on_progress(self, future: Any, bytes_transferred: int, **kwargs: Any) -> None:
+        pass
+
+    def on_done(self, future: Any, **kwargs: Any) -> None:
+        pass
+
+
+class S3Store:
+    """Checkpoint directories under ``s3://bucket/prefix``: upload, list, read, download, delete."""
+
+    def __init__(
+        self,
+        url: str,
+        endpoint_url: str | None = None,
+        *,
+        max_attempts: int = 8,
+        backoff_base: float = 0.25,
+        backoff_cap: float = 8.0,
+        botocore_max_attempts: int = 3,
+        multipart_threshold: int = 16 * MiB,
+        multipart_chunksize: int = 16 * MiB,
+        max_concurrency: int = 8,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 60.0,
+    ) -> None:
+        self.bucket, self.prefix = parse_s3_url(url)
+        self.url = f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
+        if max_attempts < 1 or botocore_max_attempts < 1:
+            raise UsageError("max_attempts must be >= 1")
+        if backoff_base < 0 or backoff_cap < 0:
+            raise UsageError("backoff_base and backoff_cap must be >= 0")
+        self.endpoint_url = (
+            endpoint_url
+            or os.environ.get("AWS_ENDPOINT_URL_S3")
+            or os.environ.get("AWS_ENDPOINT_URL")
+            or None
+        )
+        self.max_attempts = max_attempts
+        self.backoff_base = backoff_base
+        self.backoff_cap = backoff_cap
+        self._sleep: Callable[[float], None] = time.sleep
+        self._rng = random.Random()
+
+        import boto3  # lazy: the s3 extra
+        from boto3.s3.transfer import TransferConfig
+        from botocore.config import Config
+
+        session = boto3.session.Session()  # a private session: the default one is not thread-safe
+        self._client = session.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            region_name=session.region_name or "us-east-1",
+            config=Config(
+                s3={"addressing_style": "path"},
+                retries={"mode": "standard", "max_attempts": botocore_max_attempts},
+                connect_timeout=connect_timeout,
+                read_timeout=read_timeout,
+                max_pool_connections=max_concurrency * 2 + 4,
+            ),
+        )
+        self._transfer_config = TransferConfig(
+            multipart_threshold=multipart_threshold,
+            multipart_chunksize=multipart_chunksize,
+            max_concurrency=max_concurrency,
+            use_threads=True,
+            preferred_transfer_client="classic",
+        )
+
+    def __repr__(self) -> str:  # credentials live only inside the boto client; never shown
+        return f"S3Store(url={self.url!r}, endpoint_url={self.endpoint_url!r})"
+
+    # ----------------------------------------------------------------------------- public API
+    def upload_dir(self, local_dir: Path, prefix: str) -> int:
+        """Upload every file under ``local_dir`` to ``<url>/<prefix>/``, ``manifest.json`` last."""
+        local_dir = Path(local_dir)
+        if not local_dir.is_dir():
+            raise UsageError(f"not a directory: {local_dir}")
+        base = self._key(_clean_rel(prefix, "prefix"))
+        jobs: list[_Job] = []
+        manifest: _Job | None = None
+        for path in sorted(p for p in local_dir.rglob("*") if p.is_file()):
+            rel = path.relative_to(local_dir).as_posix()
+            job = _Job(f"{base}/{rel}", path, path.stat().st_size)
+            if rel == MANIFEST_NAME:
+                manifest = job
+            else:
+                jobs.append(job)
+        self._transfer(jobs, upload=True)
+        if manifest is not None:
+            self._transfer([manifest], upload=True)
+            jobs.append(manifest)
+        total = sum(j.size for j in jobs)
+        log.info("uploaded %d files, %d bytes to s3://%s/%s", len(jobs), total, self.bucket, base)
+        return total
+
+    def list_prefixes(self) -> list[str]:
+        """Sub-prefixes directly under the URL (e.g. ``step_00000100``) that hold a manifest.json."""
+        root = f"{self.prefix}/" if self.prefix else ""
+        found = []
+        for key, _size in self._call("list", root, lambda: list(self._list(root))):
+            rest = key[len(root) :]
+            name, _, tail = rest.partition("/")
+            if name and tail == MANIFEST_NAME:
+                found.append(name)
+        return sorted(found)
+
+    def read_json(self, key: str) -> dict[str, Any]:
+        """Read and parse one JSON object; ``key`` is relative to the URL."""
+        full = self._key(_clean_rel(key, "key"))
+
+        def get() -> bytes:
+            body = self._client.get_object(Bucket=self.bucket, Key=full)["Body"]
+            try:
+                return body.read()
+            finally:
+                body.close()
+
+        data = self._call("get", full, get)
+        try:
+            doc = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise TerminalStorageError(f"s3://{self.bucket}/{full} is not valid JSON: {e}") from e
+        if not isinstance(doc, dict):
+            raise TerminalStorageError(f"s3://{self.bucket}/{full} is JSON but not an object")
+        return doc
+
+    def download_dir(self, prefix: str, local_dir: Path) -> int:
+        """Download every object under ``prefix`` into ``local_dir`` (manifest last); return bytes."""
+        base = self._key(_clean_rel(prefix, "prefix"))
+        local_dir = Path(local_dir)
+        listing = self._call("list", base, lambda: list(self._list(base + "/")))
+        if not listing:
+            raise TerminalStorageError(f"nothing under s3://{self.bucket}/{base}/")
+        jobs: list[_Job] = []
+        manifest: _Job | None = None
+        for key, size in listing:
+            rel = key[len(base) + 1 :]
+            if not rel or rel.endswith("/"):
+                continue  # a directory marker
+            parts = PurePosixPath(rel).parts
+            if any(p in (".", "..") for p in parts):
+                raise TerminalStorageError(f"refusing unsafe key s3://{self.bucket}/{key}")
+            job = _Job(key, local_dir.joinpath(*parts), size)
+            if rel == MANIFEST_NAME:
+                manifest = job
+            else:
+                jobs.append(job)
+        try:
+            for job in [*jobs, *([manifest] if manifest else [])]:
+                job.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise TerminalStorageError(f"cannot create {local_dir}: {e}") from e
+        self._transfer(jobs, upload=False)
+        if manifest is not None:
+            self._transfer([manifest], upload=False)
+            jobs.append(manifest)
+        return sum(j.size for j in jobs)
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Delete ``<url>/<prefix>/``: the manifest FIRST (the checkpoint vanishes), then the rest."""
+        base = self._key(_clean_rel(prefix, "prefix"))
+        manifest = f"{base}/{MANIFEST_NAME}"
+        self._call("delete", manifest, lambda: self._client.delete_object(Bucket=self.bucket, Key=manifest))
+        while True:
+            keys = [k for k, _ in self._call("list", base, lambda: list(self._list(base + "/")))]
+            if not keys:
+                return
+            for i in range(0, len(keys), 1000):
+                batch = keys[i : i + 1000]
+                self._call("delete", f"{base}/ ({len(batch)} objects)", lambda b=batch: self._delete_batch(b))
+
+    # ----------------------------------------------------------------------------- internals
+    def _key(self, rel: str) -> str:
+        return f"{self.prefix}/{rel}" if self.prefix else rel
+
+    def _list(self, prefix: str) -> Iterator[tuple[str, int]]:
+        paginator = self._client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                yield obj["Key"], int(obj.get("Size", 0))
+
+    def _delete_batch(self, keys: list[str]) -> None:
+        resp = self._client.delete_objects(
+            Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in keys], "Quiet": True}
+        )
+        errors = resp.get("Errors") or []
+        if errors:
+            first = errors[0]
+            msg = f"{len(errors)} of {len(keys)} deletes failed, e.g. {first.get('Key')}: {first.get('Code')}"
+            if all(e.get("Code") in _RETRYABLE_CODES for e in errors):
+                raise RetryableStorageError(msg)
+            raise TerminalStorageError(msg)
+
+    def _backoff(self, attempt: int) -> float:
+        """Exponential backoff with 'equal jitter': half fixed, half random, capped."""
+        d = min(self.backoff_cap, self.backoff_base * (2**attempt))
+        return d / 2 + self._rng.uniform(0, d / 2)
+
+    def _call(self, op: str, what: str, fn: Callable[[], T]) -> T:
+        """Run one whole-object operation with bounded backoff; classify what escapes."""
+        last: StorageError | None = None
+        for attempt in range(self.max_attempts):
+            try:
+                return fn()
+            except Exception as e:  # noqa: BLE001 - classified right here; anything unknown re-raises
+                err = self._classify(e, op, what)
+                if err is None:
+                    raise
+                if isinstance(err, TerminalStorageError):
+                    raise err from e
+                last = err
+            self._wait(attempt, op, what, last)
+        raise RetryableStorageError(f"{last} (gave up after {self.max_attempts} attempts)") from last
+
+    def _transfer(self, jobs: list[_Job], *, upload: bool) -> None:
+        """Upload or download ``jobs`` in parallel; retry the failed ones in rounds with backoff."""
+        from boto3.s3.transfer import create_transfer_manager
+
+        op = "upload" if upload else "download"
+        pending = list(jobs)
+        last: StorageError | None = None
+        for attempt in range(self.max_attempts):
+            if not pending:
+                return
+            failed: list[_Job] = []
+            with create_transfer_manager(self._client, self._transfer_config) as tm:
+                futures = []
+                for job in pending:
+                    if upload:
+                        fut = tm.upload(str(job.path), self.bucket, job.key)
+                    else:
+                        fut = tm.download(
+                            self.bucket, job.key, str(job.path), subscribers=[_ProvideSize(job.size)]
+                        )
+                    futures.append((job, fut))
+                for job, fut in futures:
+                    try:
+                        fut.result()
+                    except Exception as e:  # noqa: BLE001 - classified right here; unknown re-raises
+                        err = self._classify(e, op, job.key)
+                        if err is None:
+                            raise
+                        if isinstance(err, TerminalStorageError):
+                            raise err from e  # the manager's __exit__ cancels the rest
+                        last = err
+                        failed.append(job)
+            pending = failed
+            if pending:
+                self._wait(attempt, op, f"{len(pending)} file(s), e.g. {pending[0].key}", last)
+        if pending:
+            raise RetryableStorageError(
+                f"{op} of {len(pending)} file(s) failed after {self.max_attempts} attempts: {last}"
+            ) from last
+
+    def _wait(self, attempt: int, op: str, what: str, err: StorageError | None) -> None:
+        if attempt + 1 >= self.max_attempts:
+            return
+        delay = self._backoff(attempt)
+        log.warning(
+            "s3 %s %s: %s; retry %d/%d in %.2fs", op, what, err, attempt + 1, self.max_attempts - 1, delay
+        )
+        self._sleep(delay)
+
+    def _classify(self, exc: BaseException, op: str, what: str) -> StorageError | None:
+        """Map an exception to Retryable/TerminalStorageError, or None for one we do not know."""
+        from botocore import exceptions as bx
+        from s3transfer.exceptions import RetriesExceededError
+
+        where = f"s3 {op} s3://{self.bucket}/{what}"
+        if isinstance(exc, StorageError):
+            return exc
+        if isinstance(exc, bx.ClientError):
+            err = exc.response.get("Error", {}) or {}
+            code = str(err.get("Code", ""))
+            status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+            msg = f"{where}: HTTP {status} {code}: {err.get('Message', '')}".rstrip(": ")
+            if code in _RETRYABLE_CODES or status in _RETRYABLE_STATUS or status >= 500:
+                return RetryableStorageError(msg)
+            return TerminalStorageError(msg)
+        retryable = (
+            bx.HTTPClientError,  # connection closed, read timeout, response streaming
+            bx.ConnectionError,  # endpoint unreachable, connect timeout
+            bx.IncompleteReadError,
+            bx.ChecksumError,
+            bx.FlexibleChecksumError,
+            RetriesExceededError,  # s3transfer's own download stream retries ran out
+            ConnectionError,
+            TimeoutError,
+        )
+        if isinstance(exc, retryable):
+            return RetryableStorageError(f"{where}: {type(exc).__name__}: {exc}")
+        if isinstance(exc, bx.NoCredentialsError | bx.PartialCredentialsError):
+            return TerminalStorageError(f"{where}: no usable S3 credentials ({type(exc).__name__})")
+        if isinstance(exc, bx.BotoCoreError):
+            return TerminalStorageError(f"{where}: {type(exc).__name__}: {exc}")
+        if isinstance(exc, OSError):  # local disk: no space, permission, file vanished
+            return TerminalStorageError(f"{where}: local I/O error: {exc}")
+        return None
