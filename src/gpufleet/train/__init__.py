@@ -1,0 +1,1 @@
+"""Training-side API (the worker's ``Run``) and the supervisor that restarts workers."""

@@ -1,0 +1,141 @@
+"""Reads worker pipes and turns them into heartbeats, progress and relayed ledger events."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufleet.backends.base import Worker
+from gpufleet.core import events as E
+from gpufleet.core.ledger import Ledger
+
+__all__ = ["AttemptMonitor"]
+
+# Events every rank sends that the ledger keeps; all others are kept from rank 0 only.
+_ALL_RANKS = {E.WORKER_READY, E.INJECT}
+
+
+@dataclass
+class AttemptMonitor:
+    workers: list[Worker]
+    ledger: Ledger
+    attempt: int
+    hang_floor_s: float
+    init_timeout_s: float
+    hang_multiplier: float = 10.0
+    last_hb: dict[int, float] = field(default_factory=dict)  # rank -> monotonic time of last heartbeat
+    last_hb_wall: dict[int, float] = field(default_factory=dict)
+    phase: dict[int, str] = field(default_factory=dict)
+    step: int = -1
+    total: int | None = None
+    loss: float | None = None
+    ready: set[int] = field(default_factory=set)
+    spike_step: int | None = None
+    fired: list[dict[str, Any]] = field(default_factory=list)
+    committed_step: int = -1
+    step_times: deque[float] = field(default_factory=lambda: deque(maxlen=200))
+    started: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        self._sel = selectors.DefaultSelector()
+        self._buf: dict[int, bytes] = {}
+        for w in self.workers:
+            os.set_blocking(w.control_fd, False)
+            self._sel.register(w.control_fd, selectors.EVENT_READ, w.rank)
+            self._buf[w.control_fd] = b""
+
+    def close(self) -> None:
+        for w in self.workers:
+            try:
+                self._sel.unregister(w.control_fd)
+            except (KeyError, ValueError):
+                pass
+            try:
+                os.close(w.control_fd)
+            except OSError:
+                pass
+        self._sel.close()
+
+    def pump(self, timeout: float) -> None:
+        """Read whatever the workers sent within ``timeout`` seconds."""
+        for key, _ in self._sel.select(timeout):
+            fd = key.fd
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                continue
+            if not chunk:  # writer closed (worker exited); drop a torn last line
+                self._sel.unregister(fd)
+                self._buf[fd] = b""
+                continue
+            data = self._buf[fd] + chunk
+            *lines, self._buf[fd] = data.split(b"\n")
+            for line in lines:
+                self._handle(key.data, line)
+
+    def _handle(self, rank: int, line: bytes) -> None:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            return
+        ev = rec.get("ev")
+        now = time.monotonic()
+        if ev == "hb":
+            self.last_hb[rank] = now
+            self.last_hb_wall[rank] = rec.get("t", time.time())
+            self.phase[rank] = rec.get("phase", "step")
+            if rec.get("total") is not None:
+                self.total = rec["total"]
+            return
+        if ev == E.WORKER_READY:
+            self.ready.add(rank)
+            self.last_hb[rank] = now
+            self.last_hb_wall[rank] = rec.get("t", time.time())
+            self.phase[rank] = "init"
+        elif ev == E.STEP:
+            self.step = rec.get("step", self.step)
+            if "loss" in rec:
+                self.loss = rec["loss"]
+            if rec.get("dt") is not None:
+                self.step_times.append(float(rec["dt"]))
+        elif ev == E.ROLLBACK and "from_step" in rec:
+            self.spike_step = int(rec["from_step"])
+        elif ev == E.INJECT:
+            self.fired.append(rec)
+        elif ev == E.CKPT_COMMITTED:
+            self.committed_step = max(self.committed_step, int(rec.get("step", -1)))
+        if rank == 0 or ev in _ALL_RANKS:
+            rec["attempt"] = self.attempt
+            rec.setdefault("rank", rank)
+            self.ledger.emit(rec.pop("ev"), **rec)
+
+    def hang_timeout(self, rank: int) -> float:
+        """Auto-calibrated: ``multiplier`` x the slow tail of observed step times, never below the floor."""
+        if self.phase.get(rank, "init") != "step" or len(self.step_times) < 3:
+            return max(self.init_timeout_s, self.hang_floor_s)
+        tail = (
+            statistics.quantiles(self.step_times, n=100)[98]
+            if len(self.step_times) >= 10
+            else max(self.step_times)
+        )
+        return max(self.hang_floor_s, self.hang_multiplier * tail)
+
+    def hung_rank(self) -> tuple[int, float] | None:
+        """The rank silent for longest past its timeout, with the wall time it was last heard from."""
+        now = time.monotonic()
+        worst: tuple[int, float] | None = None
+        for w in self.workers:
+            if w.proc.poll() is not None:
+                continue
+            last = self.last_hb.get(w.rank, self.started)
+            if now - last > self.hang_timeout(w.rank) and (
+                worst is None or last < self.last_hb.get(worst[0], 0)
+            ):
+                worst = (w.rank, self.last_hb_wall.get(w.rank, time.time() - (now - last)))
+        return worst

@@ -1,0 +1,340 @@
+"""The worker-side Run API: ``init`` -> ``restore`` -> ``steps`` -> ``log`` -> ``finish``.
+
+Under ``gpufleet run`` a worker talks to its supervisor over an inherited pipe (heartbeats, progress,
+checkpoint events); standalone, rank 0 writes the run directory's ledger itself.
+
+Per step, ranks agree on one small all-reduced control vector: [loss, non-finite, stop, save-due].
+So every rank takes the same decisions (roll back, checkpoint now, stop) at the same step boundary,
+without an extra collective when ``run.log`` is called.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from gpufleet.core import events as E
+from gpufleet.core import exitcodes
+from gpufleet.core.errors import ConfigError, GpufleetError
+from gpufleet.core.ledger import EventSink, Ledger, NullSink, PipeSink, read_events
+from gpufleet.train.faults import FaultInjector, faults_from_env
+from gpufleet.train.settings import RunSettings
+from gpufleet.train.spike import SpikeGuard
+from gpufleet.train.statedict import StateMapper
+
+__all__ = ["Run", "init", "SpikeDetected"]
+
+
+class SpikeDetected(GpufleetError):
+    """Raised in standalone runs when the loss guard fires (under a supervisor the rank exits instead)."""
+
+
+def _setup_distributed() -> tuple[int, int, int]:
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_RANK", str(rank)))
+    if world > 1 and not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(local)
+        dist.init_process_group(backend=backend)
+    return rank, world, local
+
+
+class Run:
+    """One worker's view of a (possibly supervised) training run. Create it with :func:`gpufleet.init`."""
+
+    def __init__(self, settings: RunSettings) -> None:
+        t_init = time.time()
+        self.settings = settings
+        self.rank, self.world_size, self.local_rank = _setup_distributed()
+        self.device = torch.device(f"cuda:{self.local_rank}" if torch.cuda.is_available() else "cpu")
+        self.run_dir = Path(settings.run_dir)
+        self.is_main = self.rank == 0
+        self.supervised = settings.control_fd is not None
+        self.sink: EventSink
+        if self.supervised:
+            assert settings.control_fd is not None
+            self.sink = PipeSink(settings.control_fd, self.rank)
+        elif self.is_main:
+            self.sink = Ledger(self.run_dir, session=f"standalone-{uuid.uuid4().hex[:8]}")
+            self.sink.emit(E.RUN_START, world_size=self.world_size, backend="standalone", command=sys.argv)
+        else:
+            self.sink = NullSink()
+        # A separate gloo group so background checkpoint collectives never interleave with training's.
+        self._ckpt_pg = dist.new_group(backend="gloo") if self.world_size > 1 else None
+        self._faults = FaultInjector(faults_from_env(settings.faults), self.rank, self.sink.emit)
+        self._guard = SpikeGuard(window=settings.spike_window, threshold=settings.spike_threshold)
+        self._skips: list[list[int]] = [list(w) for w in settings.rollback.get("skip", [])]
+        self._engine: Any = None
+        self._policy: Any = None
+        self._mapper: StateMapper | None = None
+        self._start = 0
+        self.step = 0
+        self.epoch = 0
+        self.steps_per_epoch: int | None = None
+        self._stall = 0.0
+        self._ctrl_done = False
+        self._save_due = False
+        self._stop_requested = False
+        self._stop_agreed = False
+        self._last_loss: float | None = None
+        self._finished = False
+        self._last_saved_step = -1
+        signal.signal(signal.SIGUSR1, self._on_stop_signal)
+        spawn_t = float(os.environ.get("GPUFLEET_SPAWN_T", t_init))
+        self.sink.emit(E.WORKER_READY, attempt=settings.attempt, init_s=round(time.time() - spawn_t, 4))
+
+    # ------------------------------------------------------------------ checkpoint plumbing
+    def _on_stop_signal(self, signum: int, frame: object) -> None:
+        self._stop_requested = True
+
+    def _ensure_engine(self) -> Any:
+        if self._engine is None:
+            from gpufleet.checkpoint import CheckpointConfig, CheckpointEngine
+            from gpufleet.reliability.interval import IntervalPolicy
+
+            s = self.settings
+            cfg = CheckpointConfig(
+                dir=str(s.ckpt_dir),
+                upload_url=s.upload_url,
+                s3_endpoint=s.s3_endpoint,
+                keep_last=s.keep_last,
+                keep_window_steps=s.spike_window,
+            )
+            self._engine = CheckpointEngine(
+                cfg, rank=self.rank, world_size=self.world_size, process_group=self._ckpt_pg, sink=self.sink
+            )
+            self._policy = IntervalPolicy.parse(s.checkpoint_every, mtbf_s=self._mtbf_estimate())
+        return self._engine
+
+    def _mtbf_estimate(self) -> float | None:
+        if not self.is_main or self.settings.checkpoint_every != "auto":
+            return self.settings.mtbf_s
+        from gpufleet.reliability.metrics import mtbf_history
+
+        return mtbf_history(read_events(self.run_dir), configured=self.settings.mtbf_s)
+
+    def _internal_state(self) -> dict[str, Any]:
+        return {"guard": self._guard.state_dict(), "skips": self._skips}
+
+    def restore(self, state: dict[str, Any]) -> int:
+        """Load the newest verified checkpoint into ``state``'s objects; return the step to resume at."""
+        self._mapper = StateMapper(state, self.rank)
+        engine = self._ensure_engine()
+        for opt in self._mapper.optimizers:
+            opt.register_step_pre_hook(self._before_optimizer_step)
+        template = self._mapper.collect()
+        template["_gpufleet"] = self._internal_state()
+        max_step = self.settings.rollback.get("max_step")
+        t0 = time.monotonic()
+        result = engine.load(template, max_step=max_step)
+        if result is None:
+            self.sink.emit(E.RESTORE, step=0, fresh=True, load_s=round(time.monotonic() - t0, 4))
+            self._start = 0
+        else:
+            sd = result.state_dict
+            self._mapper.apply(sd)
+            internal = sd.get("_gpufleet", {})
+            if "guard" in internal:
+                self._guard.load_state_dict(internal["guard"])
+            # Skip windows decided by the supervisor win over those saved with the checkpoint.
+            self._skips = self._skips or [list(w) for w in internal.get("skips", [])]
+            self._start = int(result.step)
+            self.sink.emit(
+                E.RESTORE,
+                step=self._start,
+                fresh=False,
+                path=result.path,
+                source=result.source,
+                load_s=round(result.load_s, 4),
+            )
+        self._last_saved_step = self._start
+        self.step = self._start
+        return self._start
+
+    def _before_optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        # The staging copy overlapped forward/backward; parameters change now, so it must be done.
+        if self._engine is not None:
+            self._stall += self._engine.wait_staged()
+
+    def _save(self, step: int, *, force: bool = False) -> None:
+        assert self._mapper is not None
+        engine = self._ensure_engine()
+        sd = self._mapper.collect()
+        sd["_gpufleet"] = self._internal_state()
+        meta = {
+            "epoch": self.epoch,
+            "step": step,
+            "steps_per_epoch": self.steps_per_epoch,
+            "world_size": self.world_size,
+        }
+        fault = self._faults.checkpoint_fault(step)
+        deferred = self._mapper.deferred_keys() if self.settings.overlap_staging and not force else None
+        t0 = time.monotonic()
+        started = engine.save(step, sd, meta=meta, deferred=deferred, force=force, fault=fault)
+        self._stall += time.monotonic() - t0
+        if started:
+            self._last_saved_step = step
+            if self.is_main:
+                self._policy.saved(step, time.time())
+
+    # ------------------------------------------------------------------ the step loop
+    def _control(self, loss: float | None) -> float | None:
+        """All-reduce [loss, non-finite, stop, save-due] once per step; returns the mean loss."""
+        due = self.is_main and self._policy is not None and self._policy.due(self.step + 1, time.time())
+        nonfinite = loss is not None and not torch.isfinite(torch.tensor(loss)).item()
+        vec = torch.tensor(
+            [
+                0.0 if (loss is None or nonfinite) else loss,
+                float(nonfinite),
+                float(self._stop_requested),
+                float(due),
+            ],
+            dtype=torch.float64,
+        )
+        if self.world_size > 1:
+            dist.all_reduce(vec)
+        self._ctrl_done = True
+        self._save_due = vec[3].item() > 0
+        self._stop_agreed = vec[2].item() > 0
+        if loss is None:
+            return None
+        return float("nan") if vec[1].item() > 0 else vec[0].item() / self.world_size
+
+    def _in_skip(self, step: int) -> int | None:
+        for a, b in self._skips:
+            if a <= step < b:
+                return b
+        return None
+
+    def steps(self, total: int, *, steps_per_epoch: int | None = None) -> Iterator[int]:
+        """Yield global step numbers from the restored step to ``total`` (exclusive)."""
+        if self._mapper is None:
+            raise ConfigError("call run.restore(state) before run.steps()")
+        if total < 0 or (steps_per_epoch is not None and steps_per_epoch <= 0):
+            raise ConfigError("total must be >= 0 and steps_per_epoch > 0")
+        self.steps_per_epoch = steps_per_epoch
+        step = self._start
+        while step < total:
+            resume = self._in_skip(step)
+            if resume is not None:
+                self.sink.emit(E.ROLLBACK, skipped_from=step, skipped_to=resume, reason="skip window")
+                step = resume
+                continue
+            self.step = step
+            self.epoch = step // steps_per_epoch if steps_per_epoch else 0
+            if self._save_due and step > self._last_saved_step:
+                self._save(step)
+            self._save_due = False
+            self._faults.before_step(step)
+            if self.supervised:
+                self.sink.emit("hb", step=step, total=total)
+            self._ctrl_done = False
+            t0 = time.monotonic()
+            yield step
+            if not self._ctrl_done:
+                self._control(None)
+            dt = time.monotonic() - t0
+            if self.is_main:
+                self._record_step(step, dt)
+            self._stall = 0.0
+            step += 1
+            if self._stop_agreed:
+                self._stop(step)
+        self.step = total
+
+    def _record_step(self, step: int, dt: float) -> None:
+        fields: dict[str, Any] = {
+            "step": step,
+            "epoch": self.epoch,
+            "dt": round(dt, 6),
+            "stall": round(self._stall, 6),
+        }
+        if self._last_loss is not None:
+            fields["loss"] = self._last_loss
+            self._last_loss = None
+        self.sink.emit(E.STEP, **fields)
+        decision = self._policy.observe(step_s=dt - self._stall, **self._engine_observations())
+        if decision:
+            self.sink.emit(E.INTERVAL, **decision)
+
+    def _engine_observations(self) -> dict[str, float]:
+        stats = getattr(self._engine, "last_stats", None) or {}
+        return {k: v for k, v in stats.items() if k in ("stall_s", "persist_s") and v is not None}
+
+    def log(self, **metrics: Any) -> float | None:
+        """Record metrics; the loss passes the spike/NaN guard, agreed across ranks. Returns the mean loss."""
+        loss = metrics.get("loss")
+        if loss is None:
+            return None
+        value = float(loss.detach().item() if isinstance(loss, torch.Tensor) else loss)
+        value = self._faults.loss(self.step, value)
+        mean = self._control(value)
+        assert mean is not None
+        self._last_loss = round(mean, 6) if mean == mean else None
+        reason = self._guard.check(mean)
+        if reason is not None:
+            self._on_spike(reason, mean)
+        return mean
+
+    def _on_spike(self, reason: str, value: float) -> None:
+        self.sink.emit(
+            E.ROLLBACK, from_step=self.step, reason=reason, value=None if value != value else value
+        )
+        if not self.supervised:
+            raise SpikeDetected(f"step {self.step}: {reason}")
+        # Under a supervisor: every rank saw the same value, so every rank leaves here together.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exitcodes.WORKER_SPIKE)
+
+    def _stop(self, step: int) -> None:
+        """Stop requested (SIGUSR1 from the supervisor or Slurm): final checkpoint, then exit 0."""
+        self._heartbeat_phase("finish")
+        if step > self._last_saved_step:
+            self._save(step, force=True)
+        if self._engine is not None:
+            self._engine.wait()
+        self._close("interrupted")
+        sys.exit(0)
+
+    def finish(self) -> None:
+        """Take the final checkpoint, wait for it to persist, and close the run."""
+        if self._finished:
+            return
+        self._heartbeat_phase("finish")
+        if self._mapper is not None and self.step > self._last_saved_step:
+            self._save(self.step, force=True)
+        if self._engine is not None:
+            self._engine.wait()
+        self._close("completed")
+
+    def _heartbeat_phase(self, phase: str) -> None:
+        # Tells the supervisor's hang detector that a long, step-less phase (final save) is starting.
+        if self.supervised:
+            self.sink.emit("hb", step=self.step, phase=phase)
+
+    def _close(self, status: str) -> None:
+        self._finished = True
+        if self._engine is not None:
+            self._engine.close()
+        if not self.supervised and self.is_main:
+            self.sink.emit(E.RUN_END, status=status, exit_code=0)
+        if self.world_size > 1 and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+
+
+def init(**kwargs: Any) -> Run:
+    """Create the :class:`Run` for this process (see :class:`gpufleet.train.settings.RunSettings` options)."""
+    return Run(RunSettings.load(**kwargs))

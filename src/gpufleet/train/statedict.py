@@ -1,0 +1,106 @@
+"""Turn the user's dict of stateful objects into one checkpointable state dict, and back.
+
+Modules and optimizers go through ``torch.distributed.checkpoint.state_dict`` so DDP/FSDP wrappers
+are unwrapped and optimizer state exists before the first step (needed to load in place).
+Objects marked ``per_rank`` (RNG state) are stored under ``<name>.rank<R>``; plain values are stored
+as they are and replaced in the user's dict on restore.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from gpufleet.core.errors import ConfigError
+
+__all__ = ["StateMapper"]
+
+
+class StateMapper:
+    def __init__(self, state: dict[str, Any], rank: int) -> None:
+        if not isinstance(state, dict) or not state:
+            raise ConfigError("run.restore() needs a non-empty dict of stateful objects")
+        for k in state:
+            if not isinstance(k, str) or "." in k or k.startswith("_gpufleet"):
+                raise ConfigError(f"state key {k!r} must be a string without dots (and not _gpufleet*)")
+        self.state = state
+        self.rank = rank
+        modules = [k for k, v in state.items() if isinstance(v, torch.nn.Module)]
+        optims = [k for k, v in state.items() if isinstance(v, torch.optim.Optimizer)]
+        if optims and len(modules) != 1:
+            raise ConfigError("put exactly one model next to the optimizer(s) in the restore dict")
+        self._model_key = modules[0] if modules else None
+        self.optimizers = [state[k] for k in optims]
+
+    @property
+    def model(self) -> torch.nn.Module | None:
+        return self.state[self._model_key] if self._model_key else None
+
+    def _rank_key(self, name: str) -> str:
+        return f"rank{self.rank}"
+
+    def collect(self) -> dict[str, Any]:
+        """The current state as a nested dict of tensors and plain values (references, not copies)."""
+        sd: dict[str, Any] = {}
+        for name, obj in self.state.items():
+            if isinstance(obj, torch.nn.Module):
+                sd[name] = get_model_state_dict(obj)
+            elif isinstance(obj, torch.optim.Optimizer):
+                assert self.model is not None
+                sd[name] = get_optimizer_state_dict(self.model, obj)
+            elif getattr(obj, "per_rank", False):
+                sd[name] = {self._rank_key(name): obj.state_dict()}
+            elif hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):
+                sd[name] = obj.state_dict()
+            else:
+                sd[name] = obj
+        return sd
+
+    def apply(self, sd: dict[str, Any]) -> None:
+        """Load ``sd`` (as returned by the checkpoint engine) back into the objects."""
+        for name, obj in list(self.state.items()):
+            if name not in sd:
+                continue
+            value = sd[name]
+            if isinstance(obj, torch.nn.Module):
+                set_model_state_dict(obj, value)
+            elif isinstance(obj, torch.optim.Optimizer):
+                assert self.model is not None
+                set_optimizer_state_dict(self.model, obj, value)
+            elif getattr(obj, "per_rank", False):
+                mine = value.get(self._rank_key(name)) if isinstance(value, dict) else None
+                if mine is not None:  # absent after resharding to more ranks: keep the fresh seed
+                    obj.load_state_dict(mine)
+            elif hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):
+                obj.load_state_dict(value)
+            else:
+                self.state[name] = value
+
+    def deferred_keys(self) -> Callable[[str], bool]:
+        """Flattened keys whose copy may overlap the next forward/backward: parameters and optimizer state.
+
+        They only change inside ``optimizer.step()``, which waits for the copy. Buffers (BatchNorm
+        statistics) change during forward, so they are copied before ``save()`` returns.
+        """
+        params: set[str] = set()
+        if self._model_key is not None:
+            model = self.model
+            assert model is not None
+            inner = getattr(model, "module", model)
+            params = {f"{self._model_key}.{n}" for n, _ in inner.named_parameters()}
+        optim_prefixes = tuple(
+            f"{k}.state." for k, v in self.state.items() if isinstance(v, torch.optim.Optimizer)
+        )
+
+        def deferred(key: str) -> bool:
+            return key in params or (bool(optim_prefixes) and key.startswith(optim_prefixes))
+
+        return deferred

@@ -1,0 +1,298 @@
+"""The supervisor: run N workers, detect crashes, hangs and loss spikes, and restart from the
+newest verified checkpoint until the job completes or a breaker trips.
+
+Lifecycle per attempt: start (or promote standbys) -> monitor -> on failure: teardown, decide,
+restart. Every decision is a ledger event; ``gpufleet report`` derives MTBF/MTTR/goodput from them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpufleet.backends import LaunchSpec, get_backend
+from gpufleet.core import events as E
+from gpufleet.core import exitcodes
+from gpufleet.core.errors import ConfigError
+from gpufleet.core.ledger import Ledger
+from gpufleet.train.faults import Fault, faults_to_env, parse_faults
+from gpufleet.train.monitor import AttemptMonitor
+from gpufleet.train.rollback import RollbackPlanner
+from gpufleet.train.settings import ENV
+
+__all__ = ["SupervisorConfig", "Supervisor", "Outcome"]
+
+
+@dataclass
+class SupervisorConfig:
+    command: list[str]
+    nproc: int = 1
+    run_dir: str = "runs/default"
+    backend: str = "local"
+    max_restarts: int = 10
+    max_no_progress: int = 3  # consecutive restarts without a newer committed checkpoint
+    max_rollbacks: int = 3
+    inject: list[str] = field(default_factory=list)
+    hang_timeout_floor: float = 60.0
+    init_timeout: float = 300.0
+    grace_s: float = 5.0
+    final_grace_s: float = 120.0
+    checkpoint_every: str | None = None
+    keep_last: int | None = None
+    upload_url: str | None = None
+    s3_endpoint: str | None = None
+    mtbf_s: float | None = None
+    standby: bool = True
+    progress: bool = False
+    poll_s: float = 0.02
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise ConfigError("no training command given (put it after --)")
+        if self.nproc < 1:
+            raise ConfigError("--nproc-per-node must be >= 1")
+        for name in ("max_restarts", "max_no_progress", "max_rollbacks"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name.replace('_', '-')} must be >= 0")
+        if self.hang_timeout_floor <= 0 or self.init_timeout <= 0 or self.grace_s < 0:
+            raise ConfigError("timeouts must be positive")
+        if self.checkpoint_every is not None:
+            from gpufleet.reliability.interval import IntervalPolicy
+
+            IntervalPolicy.parse(self.checkpoint_every)  # fail fast, one line, before any worker starts
+        self.faults: list[Fault] = parse_faults(self.inject)
+
+
+@dataclass
+class Outcome:
+    status: str  # completed | interrupted | no_progress | max_restarts | max_rollbacks | failed
+    exit_code: int
+    restarts: int
+    run_dir: str
+
+
+@dataclass
+class _Failure:
+    cause: str  # crash | hang | spike
+    rank: int
+    exit_code: int | None = None
+    signal: int | None = None
+    happened_t: float | None = None
+    detail: str = ""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Supervisor:
+    def __init__(self, config: SupervisorConfig) -> None:
+        self.cfg = config
+        self.run_dir = Path(config.run_dir)
+        self.session = uuid.uuid4().hex[:12]
+        self.backend = get_backend(config.backend, standby=config.standby)
+        self._stop_signals = 0
+        self.faults = list(config.faults)
+        self.rollback = RollbackPlanner(
+            self.run_dir, window=int(os.environ.get("GPUFLEET_SPIKE_WINDOW", "50"))
+        )
+
+    # ------------------------------------------------------------------ public
+    def run(self) -> Outcome:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        ledger = Ledger(self.run_dir, session=self.session)
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        view = None
+        if self.cfg.progress:
+            from gpufleet.train.progress import LiveView
+
+            view = LiveView()
+        try:
+            ledger.emit(
+                E.RUN_START,
+                world_size=self.cfg.nproc,
+                nproc=self.cfg.nproc,
+                backend=self.cfg.backend,
+                command=self.cfg.command,
+                config=_public_config(self.cfg),
+            )
+            outcome = self._loop(ledger, view)
+            ledger.emit(
+                E.RUN_END, status=outcome.status, exit_code=outcome.exit_code, restarts=outcome.restarts
+            )
+            return outcome
+        finally:
+            if view is not None:
+                view.close()
+            self.backend.close()
+            for s, h in old.items():
+                signal.signal(s, h)
+            ledger.close()
+
+    # ------------------------------------------------------------------ internals
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self._stop_signals += 1
+
+    def _spec(self, attempt: int) -> LaunchSpec:
+        env = {
+            "GPUFLEET_RUN_DIR": str(self.run_dir.resolve()),
+            "GPUFLEET_SESSION": self.session,
+            "GPUFLEET_FAULTS": faults_to_env(self.faults),
+            "GPUFLEET_ROLLBACK": self.rollback.env(),
+        }
+        for name, var in ENV.items():
+            value = getattr(self.cfg, name, None)
+            if value is not None and name != "run_dir":
+                env[var] = str(value)
+        return LaunchSpec(
+            command=self.cfg.command,
+            nproc_per_node=self.cfg.nproc,
+            env=env,
+            master_port=_free_port(),
+            attempt=attempt,
+        )
+
+    def _loop(self, ledger: Ledger, view: Any) -> Outcome:
+        restarts = 0
+        no_progress = 0
+        best_committed = -1
+        progress_mark = -1
+        attempt = 0
+        while True:
+            spec = self._spec(attempt)
+            self.backend.prepare(spec)
+            workers = self.backend.start(spec)
+            ledger.emit(
+                E.ATTEMPT_START, attempt=attempt, world_size=spec.world_size, pids=[w.pid for w in workers]
+            )
+            mon = AttemptMonitor(workers, ledger, attempt, self.cfg.hang_timeout_floor, self.cfg.init_timeout)
+            try:
+                result = self._watch(mon, spec, view, restarts)
+            finally:
+                mon.close()
+            best_committed = max(best_committed, mon.committed_step)
+            if isinstance(result, str):  # completed / interrupted
+                return Outcome(result, exitcodes.OK, restarts, str(self.run_dir))
+            failure = result
+            ledger.emit(
+                E.FAILURE,
+                cause=failure.cause,
+                rank=failure.rank,
+                exit_code=failure.exit_code,
+                signal=failure.signal,
+                step=mon.step,
+                happened_t=failure.happened_t,
+                detail=failure.detail,
+                attempt=attempt,
+            )
+            ledger.emit(
+                E.DETECTED,
+                cause=failure.cause,
+                attempt=attempt,
+                detect_s=round(max(0.0, time.time() - (failure.happened_t or time.time())), 4),
+            )
+            t0 = time.monotonic()
+            self.backend.stop(workers, self.cfg.grace_s)
+            ledger.emit(E.TEARDOWN, attempt=attempt, teardown_s=round(time.monotonic() - t0, 4))
+            self._drop_fired(mon.fired)
+            if view is not None:
+                view.failure(failure.cause, failure.rank, mon.step)
+            # Breakers, in order of specificity.
+            if failure.cause == "spike":
+                self.rollback.plan(
+                    mon.spike_step if mon.spike_step is not None else mon.step, ledger, attempt
+                )
+                if self.rollback.count > self.cfg.max_rollbacks:
+                    ledger.emit(E.GIVE_UP, reason=f"more than {self.cfg.max_rollbacks} rollbacks")
+                    return Outcome("max_rollbacks", exitcodes.MAX_ROLLBACKS, restarts, str(self.run_dir))
+            else:
+                self.rollback.clear_pending()
+            if best_committed > progress_mark:
+                progress_mark, no_progress = best_committed, 0
+            else:
+                no_progress += 1
+            if self.cfg.max_no_progress and no_progress >= self.cfg.max_no_progress:
+                ledger.emit(
+                    E.GIVE_UP, reason=f"{no_progress} consecutive restarts made no checkpoint progress"
+                )
+                return Outcome("no_progress", exitcodes.NO_PROGRESS, restarts, str(self.run_dir))
+            if restarts >= self.cfg.max_restarts:
+                ledger.emit(E.GIVE_UP, reason=f"restart budget of {self.cfg.max_restarts} used up")
+                return Outcome("max_restarts", exitcodes.MAX_RESTARTS, restarts, str(self.run_dir))
+            restarts += 1
+            attempt += 1
+            ledger.emit(E.RESTART, attempt=attempt, reason=failure.cause)
+
+    def _drop_fired(self, fired: list[dict[str, Any]]) -> None:
+        done = {int(r["fault_id"]) for r in fired if not r.get("persist")}
+        self.faults = [f for f in self.faults if f.id not in done]
+
+    def _watch(self, mon: AttemptMonitor, spec: LaunchSpec, view: Any, restarts: int) -> str | _Failure:
+        standby_ready = False
+        stopping_since: float | None = None
+        while True:
+            mon.pump(self.cfg.poll_s)
+            if view is not None:
+                view.update(mon, restarts)
+            if not standby_ready and len(mon.ready) == len(mon.workers):
+                self.backend.prepare(spec)  # warm the next attempt's interpreters while this one trains
+                standby_ready = True
+            codes = {w.rank: w.proc.poll() for w in mon.workers}
+            if self._stop_signals and stopping_since is None:
+                stopping_since = time.monotonic()
+                for w in mon.workers:
+                    if codes[w.rank] is None:
+                        os.kill(w.pid, signal.SIGUSR1)  # final checkpoint at the next step boundary
+            if all(c is not None for c in codes.values()):
+                mon.pump(0)  # drain the last events
+                if stopping_since is not None:
+                    return "interrupted"
+                if all(c == 0 for c in codes.values()):
+                    return "completed"
+            if stopping_since is not None:
+                if self._stop_signals > 1 or time.monotonic() - stopping_since > self.cfg.final_grace_s:
+                    self.backend.stop(mon.workers, self.cfg.grace_s)
+                    return "interrupted"
+                continue
+            for w in mon.workers:
+                c = codes[w.rank]
+                if c is None or c == 0:
+                    continue
+                mon.pump(0.05)  # the worker's last words (inject / rollback events)
+                if c == exitcodes.WORKER_SPIKE:
+                    return _Failure(
+                        "spike", w.rank, exit_code=c, happened_t=time.time(), detail="loss spike or NaN"
+                    )
+                sig = -c if c < 0 else None
+                detail = f"killed by signal {sig}" if sig else f"exit code {c}"
+                return _Failure(
+                    "crash",
+                    w.rank,
+                    exit_code=None if sig else c,
+                    signal=sig,
+                    happened_t=time.time(),
+                    detail=detail,
+                )
+            hung = mon.hung_rank()
+            if hung is not None:
+                rank, last_wall = hung
+                return _Failure(
+                    "hang",
+                    rank,
+                    happened_t=last_wall,
+                    detail=f"no heartbeat for {time.time() - last_wall:.1f}s at step {mon.step}",
+                )
+
+
+def _public_config(cfg: SupervisorConfig) -> dict[str, Any]:
+    d = asdict(cfg)
+    d.pop("faults", None)
+    return d
