@@ -1,0 +1,74 @@
+"""Typed configuration and result records of the checkpoint engine (no torch import)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufleet.core.errors import ConfigError
+
+__all__ = ["CheckpointConfig", "LoadResult", "CheckpointInfo"]
+
+
+@dataclass
+class CheckpointConfig:
+    """Where and how checkpoints are written.
+
+    ``keep_last`` newest committed checkpoints are kept, plus (when ``keep_window_steps`` > 0) the
+    newest one whose step is <= newest_step - keep_window_steps, so a loss-spike rollback always has
+    a checkpoint from before the detection window. The newest verified checkpoint is never deleted.
+    """
+
+    dir: str
+    upload_url: str | None = None
+    s3_endpoint: str | None = None
+    keep_last: int = 3
+    keep_window_steps: int = 0
+    io_threads: int = 4
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.dir, str) or not self.dir.strip():
+            raise ConfigError("checkpoint dir must be a non-empty path")
+        if "://" in self.dir:
+            raise ConfigError(f"checkpoint dir must be a filesystem path, got {self.dir!r} (use upload_url)")
+        if self.upload_url is not None and not self.upload_url.startswith("s3://"):
+            raise ConfigError(f"upload_url must start with s3://, got {self.upload_url!r}")
+        if self.upload_url is not None and len(self.upload_url) <= len("s3://"):
+            raise ConfigError("upload_url must name a bucket: s3://bucket/prefix")
+        if isinstance(self.keep_last, bool) or not isinstance(self.keep_last, int) or self.keep_last < 1:
+            raise ConfigError(f"keep_last must be an integer >= 1, got {self.keep_last!r}")
+        if (
+            isinstance(self.keep_window_steps, bool)
+            or not isinstance(self.keep_window_steps, int)
+            or self.keep_window_steps < 0
+        ):
+            raise ConfigError(f"keep_window_steps must be an integer >= 0, got {self.keep_window_steps!r}")
+        if (
+            isinstance(self.io_threads, bool)
+            or not isinstance(self.io_threads, int)
+            or not 1 <= self.io_threads <= 64
+        ):
+            raise ConfigError(f"io_threads must be an integer in 1..64, got {self.io_threads!r}")
+
+
+@dataclass
+class LoadResult:
+    """What :meth:`CheckpointEngine.load` restored."""
+
+    step: int
+    path: str
+    source: str  # "local" | "s3"
+    meta: dict[str, Any]
+    load_s: float
+    state_dict: dict[str, Any] = field(repr=False)
+
+
+@dataclass
+class CheckpointInfo:
+    """One committed checkpoint (valid manifest; contents not re-verified)."""
+
+    step: int
+    path: str
+    time: float
+    bytes: int
+    location: str  # "local" | "s3"

@@ -1,0 +1,405 @@
+"""The checkpoint engine: stage -> persist -> commit (-> upload), and verified restore.
+
+Policy when a save comes due while the previous one is still persisting: it is **skipped**
+(``save`` returns False and emits CKPT_SKIPPED) so training never waits on storage; ``force=True``
+(the final checkpoint on shutdown) waits for the in-flight one, then saves. With several ranks the
+decision is agreed through a MAX all-reduce on a small control group, so every rank skips together.
+"""
+
+from __future__ import annotations
+
+import copy
+import errno
+import os
+import shutil
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from gpufleet.checkpoint import remote
+from gpufleet.checkpoint.config import CheckpointConfig, CheckpointInfo, LoadResult
+from gpufleet.checkpoint.manifest import (
+    FileEntry,
+    Manifest,
+    fsync_dir,
+    list_committed,
+    step_dirname,
+    write_manifest,
+)
+from gpufleet.checkpoint.retention import select_deletions
+from gpufleet.checkpoint.staging import StageJob, Stager
+from gpufleet.checkpoint.verify import hash_file, verify_dir
+from gpufleet.checkpoint.writer import SummingWriter
+from gpufleet.core import events as E
+from gpufleet.core.errors import CheckpointError, ConfigError
+from gpufleet.core.ledger import EventSink
+
+__all__ = ["CheckpointEngine"]
+
+_FAULTS = (None, "fail", "corrupt")
+
+# Single-process saves/loads pass no_dist=True on purpose; DCP still warns about it every time.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+
+
+def _reason(e: BaseException) -> str:
+    """One line saying why a persist failed; disk-full is named as such."""
+    seen: list[BaseException] = [e]
+    failures = getattr(e, "failures", None)  # DCP's CheckpointException: {rank: exc or (exc, tb)}
+    if isinstance(failures, dict):
+        for v in failures.values():
+            seen.append(v[0] if isinstance(v, tuple) else v)
+    for x in list(seen):
+        while x.__cause__ is not None or x.__context__ is not None:
+            x = x.__cause__ or x.__context__  # type: ignore[assignment]
+            seen.append(x)
+    for x in seen:
+        if isinstance(x, OSError) and x.errno == errno.ENOSPC:
+            return f"disk full (ENOSPC) while writing the checkpoint: {x.strerror}"
+    for x in seen[1:] + seen[:1]:
+        if isinstance(x, BaseException) and not hasattr(x, "failures"):
+            return f"{type(x).__name__}: {x}".splitlines()[0][:300]
+    return str(e).splitlines()[0][:300]
+
+
+class _Job:
+    def __init__(self, step: int, stage: StageJob, meta: dict[str, Any], fault: str | None, save_s: float):
+        self.step = step
+        self.stage = stage
+        self.meta = meta
+        self.fault = fault
+        self.save_s = save_s
+        self.blocked_s = 0.0
+        self.staged_reported = False
+        self.waiting = False
+        self.thread: threading.Thread | None = None
+
+
+class CheckpointEngine:
+    """Asynchronous, verified DCP checkpoints. One instance per rank; rank 0 emits events."""
+
+    def __init__(
+        self,
+        config: CheckpointConfig,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        process_group: Any = None,
+        sink: EventSink | None = None,
+    ) -> None:
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ConfigError(f"bad rank/world_size: {rank}/{world_size}")
+        self.config = config
+        self.rank = rank
+        self.world_size = world_size
+        self.root = Path(config.dir)
+        self._sink = sink if rank == 0 else None
+        self._distributed = world_size > 1
+        if self._distributed and not dist.is_initialized():
+            raise ConfigError("world_size > 1 needs torch.distributed to be initialized")
+        # Background DCP collectives run on their own gloo group, never the training's default group;
+        # the skip decision runs on a second one, from the main thread, while a persist may be running.
+        self.pg = process_group
+        self._ctl = None
+        if self._distributed:
+            if self.pg is None:
+                self.pg = dist.new_group(backend="gloo")
+            self._ctl = dist.new_group(backend="gloo")
+        self._stager = Stager()
+        self._lock = threading.Lock()
+        self._job: _Job | None = None
+        self._error: str | None = None
+        self._newest_verified: int | None = None
+        if rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+            for p in self.root.glob("step_*.tmp"):
+                shutil.rmtree(p, ignore_errors=True)  # temp dirs of killed attempts: never committed
+
+    # ---------------------------------------------------------------- events
+    def _emit(self, ev: str, **fields: Any) -> None:
+        if self._sink is not None:
+            self._sink.emit(ev, **fields)
+
+    # ---------------------------------------------------------------- save
+    def _busy(self) -> bool:
+        job = self._job
+        busy = job is not None and job.thread is not None and job.thread.is_alive()
+        if self._distributed:
+            t = torch.tensor([1 if busy else 0], dtype=torch.int32)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._ctl)
+            busy = bool(t.item())
+        return busy
+
+    def save(
+        self,
+        step: int,
+        state_dict: dict[str, Any],
+        *,
+        meta: dict[str, Any] | None = None,
+        deferred: Callable[[str], bool] | None = None,
+        force: bool = False,
+        fault: str | None = None,
+    ) -> bool:
+        """Snapshot ``state_dict`` and persist it in the background. False when skipped (see module doc)."""
+        if fault not in _FAULTS:
+            raise ConfigError(f"unknown checkpoint fault {fault!r}; valid: fail, corrupt")
+        t0 = time.perf_counter()
+        self.wait_staged()
+        if self._busy():
+            if not force:
+                self._emit(E.CKPT_SKIPPED, step=step, reason="previous checkpoint still persisting")
+                return False
+            self._join()
+        stage = self._stager.stage(state_dict, deferred)
+        job = _Job(step, stage, copy.deepcopy(meta or {}), fault, 0.0)
+        job.thread = threading.Thread(
+            target=self._persist, args=(job,), name="gpufleet-ckpt-persist", daemon=True
+        )
+        with self._lock:
+            self._job = job
+        job.save_s = time.perf_counter() - t0
+        job.thread.start()
+        return True
+
+    def wait_staged(self) -> float:
+        """Block until the snapshot copy is complete; returns the seconds spent blocked."""
+        job = self._job
+        if job is None or job.staged_reported:
+            return 0.0
+        t0 = time.perf_counter()
+        job.waiting = True
+        job.stage.done.wait()
+        job.blocked_s = time.perf_counter() - t0
+        self._report_staged(job)
+        return job.blocked_s
+
+    def _report_staged(self, job: _Job) -> None:
+        with self._lock:
+            if job.staged_reported:
+                return
+            job.staged_reported = True
+        self._emit(
+            E.CKPT_STAGED,
+            step=job.step,
+            stall_s=round(job.save_s + job.blocked_s, 6),
+            stage_s=round(job.save_s + job.stage.copy_s, 6),
+            bytes=job.stage.nbytes,
+        )
+
+    def _persist(self, job: _Job) -> None:
+        job.stage.done.wait()
+        if not job.waiting:
+            # Nobody is blocked in wait_staged: the copy finished under the user's compute.
+            self._report_staged(job)
+        final = self.root / step_dirname(job.step)
+        tmp = self.root / (step_dirname(job.step) + ".tmp")
+        t0 = time.perf_counter()
+        ok, reason, files = True, None, None
+        try:
+            if job.stage.error is not None:
+                raise job.stage.error
+            writer = SummingWriter(tmp, thread_count=self.config.io_threads, fail=job.fault == "fail")
+            dcp.save(
+                job.stage.staged, storage_writer=writer, process_group=self.pg, no_dist=not self._distributed
+            )
+            if self.rank == 0:
+                files = self._commit(job, writer, tmp, final)
+        except BaseException as e:  # noqa: BLE001 - a background thread must report every failure
+            ok, reason = False, _reason(e)
+        if self._distributed:
+            status = [(ok, reason)]
+            dist.broadcast_object_list(status, src=0, group=self.pg)  # rank 0's commit is the verdict
+            ok, reason = status[0]
+        persist_s = time.perf_counter() - t0
+        if not ok:
+            if self.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+                self._emit(E.CKPT_FAILED, step=job.step, reason=reason)
+            self._error = f"checkpoint at step {job.step} failed: {reason}"
+            return
+        if self.rank != 0:
+            return
+        assert files is not None
+        nbytes = sum(f.bytes for f in files.values())
+        self._emit(
+            E.CKPT_COMMITTED,
+            step=job.step,
+            path=str(final),
+            bytes=nbytes,
+            persist_s=round(persist_s, 6),
+            files=len(files),
+        )
+        self._newest_verified = job.step
+        if job.fault == "corrupt":
+            _flip_byte(final, files)
+        self._retain()
+        if self.config.upload_url:
+            self._upload(job.step, final)
+
+    def _commit(self, job: _Job, writer: SummingWriter, tmp: Path, final: Path) -> dict[str, FileEntry]:
+        files = {name: FileEntry(size, digest) for name, (size, digest) in writer.file_sums.items()}
+        size, digest = hash_file(tmp / ".metadata")  # small; written by DCP itself
+        files[".metadata"] = FileEntry(size, digest)
+        fsync_dir(tmp)
+        old = None
+        if final.exists():  # re-saving a step (after a rollback): park the old one until we commit
+            old = final.with_name(final.name + f".old-{os.getpid()}")
+            os.rename(final, old)
+        os.rename(tmp, final)  # still invisible: no manifest yet
+        fsync_dir(self.root)
+        manifest = Manifest(
+            step=job.step, time=time.time(), world_size=self.world_size, files=files, meta=job.meta
+        )
+        write_manifest(final, manifest)  # the commit point
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        return files
+
+    def _retain(self) -> None:
+        committed = list_committed(self.root)
+        protect = {self._newest_verified} if self._newest_verified is not None else set()
+        doomed = select_deletions(
+            [m.step for _, m in committed],
+            keep_last=self.config.keep_last,
+            keep_window_steps=self.config.keep_window_steps,
+            protect=protect,
+        )
+        for path, m in committed:
+            if m.step in doomed:
+                # Manifest first: a crash mid-delete leaves an invisible directory, never a half one.
+                (path / "manifest.json").unlink(missing_ok=True)
+                shutil.rmtree(path, ignore_errors=True)
+                self._emit(E.CKPT_DELETED, step=m.step, path=str(path), reason="retention")
+        if self.config.upload_url:
+            remote.retain(self.config, doomed, self._emit)
+
+    def _upload(self, step: int, final: Path) -> None:
+        t0 = time.perf_counter()
+        try:
+            nbytes = remote.upload(self.config, final)
+        except BaseException as e:  # noqa: BLE001 - boto3/botocore raise many types; report, keep training
+            self._emit(E.CKPT_FAILED, step=step, reason=f"upload failed: {_reason(e)}", stage="upload")
+            return
+        self._emit(
+            E.CKPT_UPLOADED,
+            step=step,
+            url=remote.url_for(self.config, final.name),
+            upload_s=round(time.perf_counter() - t0, 6),
+            bytes=nbytes,
+        )
+
+    def _join(self, timeout: float | None = None) -> bool:
+        job = self._job
+        if job is None or job.thread is None:
+            return True
+        job.thread.join(timeout)
+        return not job.thread.is_alive()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the in-flight persist, commit and upload are done; CheckpointError if it failed."""
+        self.wait_staged()
+        if not self._join(timeout):
+            raise CheckpointError(f"checkpoint still in flight after {timeout}s")
+        err, self._error = self._error, None
+        if err is not None:
+            raise CheckpointError(err)
+
+    # ---------------------------------------------------------------- list / load
+    def list(self) -> list[CheckpointInfo]:
+        """Committed checkpoints (valid manifest), newest first: local, then remote."""
+        out = [
+            CheckpointInfo(m.step, str(p), m.time, m.total_bytes, "local")
+            for p, m in list_committed(self.root)
+        ]
+        if self.config.upload_url:
+            out += remote.list_infos(self.config)
+        return out
+
+    def load(self, state_dict: dict[str, Any], *, max_step: int | None = None) -> LoadResult | None:
+        """Load the newest verified checkpoint (step <= max_step) into ``state_dict``; None if none."""
+        self._join()
+        t0 = time.perf_counter()
+        choice: tuple[int, str, str, dict[str, Any]] | None = None
+        if self.rank == 0:
+            choice = self._choose(max_step)  # S3 downloads happen here, outside any collective
+        if self._distributed:
+            box = [choice]
+            dist.broadcast_object_list(box, src=0, group=self.pg)
+            choice = box[0]
+        if choice is None:
+            return None
+        step, path, source, meta = choice
+        dcp.load(state_dict, checkpoint_id=path, process_group=self.pg, no_dist=not self._distributed)
+        self._newest_verified = step
+        return LoadResult(
+            step=step,
+            path=path,
+            source=source,
+            meta=meta,
+            load_s=time.perf_counter() - t0,
+            state_dict=state_dict,
+        )
+
+    def _choose(self, max_step: int | None) -> tuple[int, str, str, dict[str, Any]] | None:
+        local = {m.step: p for p, m in list_committed(self.root)}
+        remote_steps = remote.list_steps(self.config) if self.config.upload_url else {}
+        for step in sorted(set(local) | set(remote_steps), reverse=True):
+            if max_step is not None and step > max_step:
+                continue
+            candidates: list[tuple[str, Callable[[], Path]]] = []
+            if step in local:
+                candidates.append(("local", lambda p=local[step]: p))
+            if step in remote_steps:
+                candidates.append(
+                    ("s3", lambda s=step: remote.download(self.config, remote_steps[s], self.root))
+                )
+            for source, get in candidates:
+                t0 = time.perf_counter()
+                try:
+                    path = get()
+                except BaseException as e:  # noqa: BLE001 - any S3 failure means: try the next candidate
+                    self._emit(
+                        E.RESTORE_REJECTED,
+                        path=remote.url_for(self.config, step_dirname(step)),
+                        step=step,
+                        reason=f"download failed: {_reason(e)}",
+                    )
+                    continue
+                m, reason = verify_dir(path, self.config.io_threads)
+                if reason is None and m is not None:
+                    self._emit(
+                        E.CKPT_VERIFIED,
+                        step=step,
+                        path=str(path),
+                        verify_s=round(time.perf_counter() - t0, 6),
+                        source=source,
+                    )
+                    return step, str(path), source, m.meta
+                self._emit(E.RESTORE_REJECTED, path=str(path), step=step, reason=reason)
+        return None
+
+    def close(self) -> None:
+        """Finish the in-flight checkpoint (errors were already reported as CKPT_FAILED)."""
+        self.wait_staged()
+        self._join()
+
+
+def _flip_byte(final: Path, files: dict[str, FileEntry]) -> None:
+    """fault=corrupt: flip one byte in the middle of the largest shard, after the commit."""
+    name = max((n for n in files if n.endswith(".distcp")), key=lambda n: files[n].bytes, default=None)
+    if name is None or files[name].bytes == 0:
+        return
+    with open(final / name, "r+b") as f:
+        f.seek(files[name].bytes // 2)
+        b = f.read(1)
+        f.seek(files[name].bytes // 2)
+        f.write(bytes([b[0] ^ 0xFF]))
+        f.flush()
+        os.fsync(f.fileno())

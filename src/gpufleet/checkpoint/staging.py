@@ -1,0 +1,123 @@
+"""Stage a state dict into reusable host buffers, optionally deferring the big copies.
+
+Buffers are allocated once per flattened key (re-allocated only when shape or dtype change) and
+pinned when the source lives on an accelerator, so steady-state saves allocate nothing. Tensors whose
+key matches ``deferred`` (parameters, optimizer state: unchanged until the next optimizer.step) are
+copied on a background thread while the caller's forward/backward runs; everything else is copied
+before ``stage`` returns. The caller must not mutate deferred tensors before ``wait`` returns.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["Stager", "StageJob"]
+
+
+class StageJob:
+    """One staging pass: the staged state dict and the (possibly still running) deferred copy."""
+
+    def __init__(self, staged: dict[str, Any], pending: list[tuple[torch.Tensor, torch.Tensor]], nbytes: int):
+        self.staged = staged
+        self.nbytes = nbytes
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self.copy_s = 0.0
+        self._pending = pending
+        self._cuda_event: Any = None
+
+    def start(self) -> None:
+        if not self._pending:
+            self.done.set()
+            return
+        if any(src.is_cuda for src, _ in self._pending):
+            # The copy must see the values as of now, not after later kernels on the main stream.
+            self._cuda_event = torch.cuda.Event()
+            self._cuda_event.record()
+        threading.Thread(target=self._run, name="gpufleet-ckpt-stage", daemon=True).start()
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            if self._cuda_event is not None:
+                stream = torch.cuda.Stream()
+                stream.wait_event(self._cuda_event)
+                with torch.cuda.stream(stream):
+                    for src, dst in self._pending:
+                        dst.copy_(src, non_blocking=True)
+                stream.synchronize()
+            else:
+                with torch.no_grad():
+                    for src, dst in self._pending:
+                        dst.copy_(src)
+        except BaseException as e:  # noqa: BLE001 - handed to the persist thread, which reports it
+            self.error = e
+        finally:
+            self._pending = []
+            self.copy_s = time.perf_counter() - t0
+            self.done.set()
+
+
+class Stager:
+    """Owns the reusable staging buffers of one engine."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[str, torch.Tensor] = {}
+
+    def _buffer(self, key: str, t: torch.Tensor) -> torch.Tensor:
+        buf = self.buffers.get(key)
+        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
+            pin = t.device.type != "cpu" and torch.cuda.is_available()
+            buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
+            self.buffers[key] = buf
+        return buf
+
+    def stage(self, state_dict: dict[str, Any], deferred: Callable[[str], bool] | None = None) -> StageJob:
+        pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+        nbytes = 0
+        seen: set[str] = set()
+
+        def walk(obj: Any, key: str) -> Any:
+            nonlocal nbytes
+            if isinstance(obj, torch.Tensor):
+                src = obj.detach()
+                if src.layout != torch.strided:
+                    raise TypeError(f"cannot checkpoint non-strided tensor at {key!r}")
+                seen.add(key)
+                dst = self._buffer(key, src)
+                nbytes += dst.nbytes
+                if deferred is not None and deferred(key):
+                    pending.append((src, dst))
+                else:
+                    dst.copy_(src)
+                return dst
+            if isinstance(obj, dict):
+                return {k: walk(v, f"{key}.{k}" if key else str(k)) for k, v in obj.items()}
+            if isinstance(obj, list | tuple) and any(_has_tensor(v) for v in obj):
+                out = [walk(v, f"{key}.{i}") for i, v in enumerate(obj)]
+                return out if isinstance(obj, list) else type(obj)(out)
+            return copy.deepcopy(obj)  # plain values: snapshot now, they may change right after
+
+        with torch.no_grad():
+            staged = walk(state_dict, "")
+        for k in [k for k in self.buffers if k not in seen]:
+            del self.buffers[k]  # keys that disappeared: free their memory
+        job = StageJob(staged, pending, nbytes)
+        job.start()
+        return job
+
+
+def _has_tensor(obj: Any) -> bool:
+    if isinstance(obj, torch.Tensor):
+        return True
+    if isinstance(obj, dict):
+        return any(_has_tensor(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return any(_has_tensor(v) for v in obj)
+    return False
