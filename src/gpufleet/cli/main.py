@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 
-import click
 import typer
 
 from gpufleet.core.errors import GpufleetError, SupervisorError, UsageError
@@ -43,12 +42,14 @@ def main(argv: list[str] | None = None) -> None:
     _register()
     try:
         rv = app(args=argv, standalone_mode=False)
-    except click.exceptions.NoArgsIsHelpError:
-        raise SystemExit(0) from None
-    except click.ClickException as e:  # bad flags: Click's usage errors, one line, exit 2
-        fail(e.format_message().replace("\n", " "), 2)
-    except click.exceptions.Abort:
+    except typer.Exit as e:
+        raise SystemExit(e.exit_code) from None
+    except typer.Abort:
         fail("aborted", 130)
+    except typer.TyperException as e:  # bad flags (Typer's usage errors): one line, exit 2
+        if type(e).__name__ == "NoArgsIsHelpError":  # help was printed
+            raise SystemExit(0) from None
+        fail(e.format_message().replace("\n", " "), 2)
     except SupervisorError as e:
         print(f"gpufleet: {e}", file=sys.stderr)
         raise SystemExit(e.exit_code) from None

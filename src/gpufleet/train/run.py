@@ -90,6 +90,7 @@ class Run:
         self._last_loss: float | None = None
         self._finished = False
         self._last_saved_step = -1
+        self._ckpt_obs: dict[str, float] = {}  # latest stall/persist seconds, fed to the interval policy
         signal.signal(signal.SIGUSR1, self._on_stop_signal)
         spawn_t = float(os.environ.get("GPUFLEET_SPAWN_T", t_init))
         self.sink.emit(E.WORKER_READY, attempt=settings.attempt, init_s=round(time.time() - spawn_t, 4))
@@ -112,7 +113,8 @@ class Run:
                 keep_window_steps=s.spike_window,
             )
             self._engine = CheckpointEngine(
-                cfg, rank=self.rank, world_size=self.world_size, process_group=self._ckpt_pg, sink=self.sink
+                cfg, rank=self.rank, world_size=self.world_size, process_group=self._ckpt_pg,
+                sink=_ObservingSink(self.sink, self._ckpt_obs),
             )
             self._policy = IntervalPolicy.parse(s.checkpoint_every, mtbf_s=self._mtbf_estimate())
         return self._engine
@@ -160,6 +162,7 @@ class Run:
             )
         self._last_saved_step = self._start
         self.step = self._start
+        self._policy.reset(self._start, time.time())
         return self._start
 
     def _before_optimizer_step(self, *args: Any, **kwargs: Any) -> None:
@@ -269,8 +272,8 @@ class Run:
             self.sink.emit(E.INTERVAL, **decision)
 
     def _engine_observations(self) -> dict[str, float]:
-        stats = getattr(self._engine, "last_stats", None) or {}
-        return {k: v for k, v in stats.items() if k in ("stall_s", "persist_s") and v is not None}
+        obs, self._ckpt_obs = self._ckpt_obs, {}
+        return obs
 
     def log(self, **metrics: Any) -> float | None:
         """Record metrics; the loss passes the spike/NaN guard, agreed across ranks. Returns the mean loss."""
@@ -333,6 +336,21 @@ class Run:
         if self.world_size > 1 and dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()
+
+
+class _ObservingSink:
+    """Passes checkpoint events on and keeps the latest stall and persist times for the interval policy."""
+
+    def __init__(self, inner: EventSink, observed: dict[str, float]) -> None:
+        self._inner = inner
+        self._observed = observed
+
+    def emit(self, ev: str, **fields: Any) -> None:
+        if ev == E.CKPT_STAGED and fields.get("stall_s") is not None:
+            self._observed["stall_s"] = float(fields["stall_s"])
+        elif ev == E.CKPT_COMMITTED and fields.get("persist_s") is not None:
+            self._observed["persist_s"] = float(fields["persist_s"])
+        self._inner.emit(ev, **fields)
 
 
 def init(**kwargs: Any) -> Run:

@@ -1,0 +1,65 @@
+"""A small, deterministic training job for the supervisor tests (plain PyTorch + the gpufleet Run API).
+
+Writes RUN_DIR/final.json with the sha256 of the final weights (rank 0) and the steps it saw.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+
+import torch
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import gpufleet
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--sleep", type=float, default=0.0)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+
+    run = gpufleet.init()
+    data = torch.randn(512, 16, generator=torch.Generator().manual_seed(1))
+    target = data @ torch.randn(16, 1, generator=torch.Generator().manual_seed(2))
+    model = nn.Sequential(nn.Linear(16, 32), nn.Dropout(0.1), nn.ReLU(), nn.Linear(32, 1))
+    if run.world_size > 1:
+        model = DDP(model)
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(optim, step_size=20, gamma=0.5)
+    sampler = gpufleet.StepSampler(len(data), 16, seed=3, rank=run.rank, world_size=run.world_size)
+    state = {"model": model, "optim": optim, "sched": sched, "rng": gpufleet.RNGState()}
+    start = run.restore(state)
+    seen = []
+    for step in run.steps(args.steps, steps_per_epoch=sampler.steps_per_epoch):
+        idx = sampler.indices(step)
+        seen.append(step)
+        loss = nn.functional.mse_loss(model(data[idx]), target[idx])
+        loss.backward()
+        run.log(loss=loss)
+        optim.step()
+        sched.step()
+        optim.zero_grad()
+        if args.sleep:
+            import time
+
+            time.sleep(args.sleep)
+    run.finish()
+    if run.rank == 0:
+        inner = getattr(model, "module", model)
+        h = hashlib.sha256()
+        for k, v in sorted(inner.state_dict().items()):
+            h.update(k.encode())
+            h.update(v.detach().numpy().tobytes())
+        out = {"sha256": h.hexdigest(), "start": start, "steps": seen, "pid": os.getpid()}
+        with open(os.path.join(run.run_dir, f"final-{os.getpid()}.json"), "w") as f:
+            json.dump(out, f)
+
+
+if __name__ == "__main__":
+    main()
