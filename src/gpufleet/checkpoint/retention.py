@@ -12,7 +12,8 @@ def select_deletions(
 
     Keeps the newest ``keep_last``; when ``keep_window_steps`` > 0 also the newest step that is
     <= newest - keep_window_steps (a checkpoint from before the spike-detection window); never
-    deletes anything in ``protect`` (the newest verified checkpoint).
+    (or, while none is that old, the oldest one, so the look-back survives until it is needed);
+    never deletes anything in ``protect`` (the newest verified checkpoint).
     """
     ordered = sorted(set(steps), reverse=True)
     if not ordered:
@@ -21,7 +22,7 @@ def select_deletions(
     if keep_window_steps > 0:
         limit = ordered[0] - keep_window_steps
         older = [s for s in ordered if s <= limit]
-        if older:
-            keep.add(older[0])
+        # None old enough yet: keep the oldest, which is the first to become old enough.
+        keep.add(older[0] if older else ordered[-1])
     keep |= protect or set()
     return sorted(s for s in ordered if s not in keep)
