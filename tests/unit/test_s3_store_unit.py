@@ -1,0 +1,127 @@
+"""S3Store pieces that need no server: URL parsing, error classification, backoff."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpufleet.checkpoint.s3 import S3Store, parse_s3_url
+from gpufleet.core.errors import RetryableStorageError, TerminalStorageError, UsageError
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "",
+        "bucket/prefix",
+        "http://bucket/x",
+        "s3://",
+        "s3://A_Upper/x",
+        "s3://ab/x",
+        "s3://b/../x",
+        "s3://bkt/a//b",
+    ],
+)
+def test_bad_url_is_usage_error(url: str) -> None:
+    with pytest.raises(UsageError):
+        parse_s3_url(url)
+    with pytest.raises(UsageError):
+        S3Store(url)
+
+
+def test_parse_url() -> None:
+    assert parse_s3_url("s3://my-bucket") == ("my-bucket", "")
+    assert parse_s3_url("s3://my-bucket/") == ("my-bucket", "")
+    assert parse_s3_url("s3://my-bucket/a/b/") == ("my-bucket", "a/b")
+
+
+@pytest.fixture
+def store(monkeypatch: pytest.MonkeyPatch) -> S3Store:
+    pytest.importorskip("boto3")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "very-secret-value")
+    return S3Store("s3://bucket/run1", "http://127.0.0.1:1", max_attempts=4, backoff_base=0.5, backoff_cap=3)
+
+
+def client_error(code: str, status: int):  # noqa: ANN201
+    from botocore.exceptions import ClientError
+
+    resp = {"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}}
+    return ClientError(resp, "PutObject")
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "kind"),
+    [
+        ("SlowDown", 503, RetryableStorageError),
+        ("InternalError", 500, RetryableStorageError),
+        ("RequestTimeout", 400, RetryableStorageError),
+        ("Whatever", 502, RetryableStorageError),
+        ("AccessDenied", 403, TerminalStorageError),
+        ("SignatureDoesNotMatch", 403, TerminalStorageError),
+        ("NoSuchBucket", 404, TerminalStorageError),
+        ("404", 404, TerminalStorageError),
+    ],
+)
+def test_classify_client_errors(store: S3Store, code: str, status: int, kind: type) -> None:
+    assert type(store._classify(client_error(code, status), "put", "k")) is kind
+
+
+def test_classify_transport_and_local_errors(store: S3Store) -> None:
+    from botocore.exceptions import EndpointConnectionError, NoCredentialsError, ReadTimeoutError
+
+    assert isinstance(
+        store._classify(EndpointConnectionError(endpoint_url="x"), "get", "k"), RetryableStorageError
+    )
+    assert isinstance(store._classify(ReadTimeoutError(endpoint_url="x"), "get", "k"), RetryableStorageError)
+    assert isinstance(store._classify(NoCredentialsError(), "get", "k"), TerminalStorageError)
+    assert isinstance(
+        store._classify(OSError(28, "No space left on device"), "get", "k"), TerminalStorageError
+    )
+    assert store._classify(ValueError("bug"), "get", "k") is None
+
+
+def test_call_retries_with_bounded_backoff_then_gives_up(store: S3Store) -> None:
+    sleeps: list[float] = []
+    store._sleep = sleeps.append
+    calls = []
+
+    def always_throttled() -> None:
+        calls.append(1)
+        raise client_error("SlowDown", 503)
+
+    with pytest.raises(RetryableStorageError, match="gave up after 4 attempts"):
+        store._call("put", "k", always_throttled)
+    assert len(calls) == 4 and len(sleeps) == 3
+    for attempt, s in enumerate(sleeps):
+        d = min(3.0, 0.5 * 2**attempt)
+        assert d / 2 <= s <= d
+
+
+def test_call_terminal_is_not_retried(store: S3Store) -> None:
+    store._sleep = lambda s: pytest.fail("must not sleep")
+    calls = []
+
+    def denied() -> None:
+        calls.append(1)
+        raise client_error("AccessDenied", 403)
+
+    with pytest.raises(TerminalStorageError, match="AccessDenied"):
+        store._call("put", "k", denied)
+    assert calls == [1]
+
+
+def test_call_recovers(store: S3Store) -> None:
+    store._sleep = lambda s: None
+    outcomes = [client_error("SlowDown", 503), client_error("InternalError", 500), "ok"]
+
+    def flaky() -> str:
+        o = outcomes.pop(0)
+        if isinstance(o, Exception):
+            raise o
+        return o
+
+    assert store._call("get", "k", flaky) == "ok"
+
+
+def test_repr_hides_credentials(store: S3Store) -> None:
+    assert "very-secret-value" not in repr(store) and "AKIDEXAMPLE" not in repr(store)
