@@ -160,8 +160,10 @@ def test_in_process_rollback_without_restart() -> None:
     b.wait(0.5).emit("restore", rank=0, step=2, load_s=0.5, source="local", fresh=False)
     b.next_step = 2
     b.steps(4).end()
+    b.emit("rollback", rank=0, skipped_from=3, skipped_to=4, reason="skip window")
+    b.emit("rollback", rank=0, from_step=5, reason="nan")  # a rank's spike report: not a decision
     s = metrics.summarize(b.events)
-    assert s["failures"]["count"] == 0 and s["rollbacks"] == 1
+    assert s["failures"]["count"] == 0 and s["rollbacks"] == 1 and s["skipped_windows"] == 1
     assert s["badput"]["recompute"]["s"] == pytest.approx(4.0)
     assert s["badput"]["load"]["s"] == pytest.approx(0.5)
     assert s["steps"]["productive"] == 6

@@ -265,6 +265,7 @@ def summarize(events: Events, run_dir: str | None = None) -> dict[str, Any]:
         "incidents": [_incident_dict(i) for i in w.incidents],
         "restarts": sum(s.restarts for s in w.sessions),
         "rollbacks": len(w.rollbacks),
+        "skipped_windows": len(w.skips),
         "restores": len(w.restores),
         "worker_init_s": _dist(ready),
         "checkpoints": checkpoint_stats(w),

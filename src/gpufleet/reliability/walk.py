@@ -130,7 +130,8 @@ class Walk:
     incidents: list[Incident] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)  # counted failure events
     restores: list[dict[str, Any]] = field(default_factory=list)
-    rollbacks: list[dict[str, Any]] = field(default_factory=list)
+    rollbacks: list[dict[str, Any]] = field(default_factory=list)  # rollback decisions (to_step)
+    skips: list[dict[str, Any]] = field(default_factory=list)  # skipped batch windows
     worker_ready: list[dict[str, Any]] = field(default_factory=list)
     by_ev: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     load_s: float = 0.0  # every restore's load_s
@@ -236,7 +237,12 @@ class _Walker:
                     if attempt_load_start is None:
                         attempt_load_start = t - load
             elif ev == "rollback":
-                self.w.rollbacks.append(e)
+                # The supervisor's decision carries to_step; a rank's spike report (from_step only)
+                # and a skipped batch window (skipped_from/skipped_to) are kept apart.
+                if "to_step" in e:
+                    self.w.rollbacks.append(e)
+                elif "skipped_from" in e:
+                    self.w.skips.append(e)
             elif ev == "step":
                 ex = StepExec(
                     step=int(_f(e.get("step"), -1)),
@@ -244,7 +250,7 @@ class _Walker:
                     dt=max(_f(e.get("dt")), 0.0),
                     stall=max(_f(e.get("stall")), 0.0),
                     session=si,
-                    attempt=attempt,
+                    attempt=int(e["attempt"]) if isinstance(e.get("attempt"), int) else attempt,
                 )
                 prev = self.live.get(ex.step)
                 if prev is not None:
