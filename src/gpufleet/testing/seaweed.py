@@ -296,8 +296,9 @@ def _main(argv: list[str] | None = None) -> int:
             print(f"seaweedfs not running ({pid_file} missing)")
         return 0
     if pid_file.is_file() and _alive(int(pid_file.read_text().strip())):
-        print(f"seaweedfs already running (pid {pid_file.read_text().strip()})", file=sys.stderr)
-        return 1
+        # Idempotent: the env file written by the first start still describes this server.
+        print(f"seaweedfs already running (pid {pid_file.read_text().strip()})")
+        return 0
     server = SeaweedServer(state, args.port, bucket=args.bucket)
     t0 = time.monotonic()
     server.start()

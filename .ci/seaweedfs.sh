@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Start or stop the SeaweedFS S3 server that the S3 tests use.
+#   .ci/seaweedfs.sh start   # state under .ci/state/seaweedfs, env in .ci/state/s3.env
+#   .ci/seaweedfs.sh stop    # SIGTERM by PID, SIGKILL after a grace period
+# `start` waits until the S3 API answers and the bucket exists; then `source .ci/state/s3.env`
+# exports GPUFLEET_TEST_S3_{ENDPOINT,ACCESS_KEY,SECRET_KEY,BUCKET} for pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STATE=.ci/state
+PY=${PYTHON:-.venv/bin/python}
+[ -x "$PY" ] || PY=python3
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+mkdir -p "$STATE"
+case "${1:-}" in
+  start)
+    exec "$PY" -m gpufleet.testing.seaweed start --dir "$STATE/seaweedfs" --env-file "$STATE/s3.env"
+    ;;
+  stop)
+    rm -f "$STATE/s3.env"
+    exec "$PY" -m gpufleet.testing.seaweed stop --dir "$STATE/seaweedfs" --grace "${GRACE:-5}"
+    ;;
+  *)
+    echo "usage: $0 start|stop" >&2
+    exit 2
+    ;;
+esac
