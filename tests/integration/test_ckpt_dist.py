@@ -1,0 +1,143 @@
+"""Two real gloo ranks save and load a checkpoint; one process then loads it (resharding 2 -> 1)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+WORKER = textwrap.dedent(
+    """
+    import json, os, sys, torch, torch.distributed as dist
+    from gpufleet.checkpoint import CheckpointConfig, CheckpointEngine
+    from gpufleet.core.ledger import Ledger, NullSink
+
+    root, mode = sys.argv[1], sys.argv[2]
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    pg = dist.new_group(backend="gloo")
+    sink = Ledger(root) if rank == 0 else NullSink()
+    eng = CheckpointEngine(CheckpointConfig(dir=os.path.join(root, "ck")), rank=rank, world_size=world,
+                           process_group=pg, sink=sink)
+
+    def state(step):
+        g = torch.Generator().manual_seed(step)
+        return {
+            "model": {"w": torch.randn(256, 256, generator=g), "b": torch.full((256,), float(step))},
+            "optim": {"state": {0: {"exp_avg": torch.randn(256, 256, generator=g)}}},
+            f"rng.rank{rank}": torch.full((16,), rank * 100 + step, dtype=torch.uint8),
+            f"extra.rank{rank}": {"rank": rank, "step": step},
+            "step": step,
+        }
+
+    def blank():
+        return {
+            "model": {"w": torch.zeros(256, 256), "b": torch.zeros(256)},
+            "optim": {"state": {0: {"exp_avg": torch.zeros(256, 256)}}},
+            f"rng.rank{rank}": torch.zeros(16, dtype=torch.uint8),
+            f"extra.rank{rank}": {"rank": -1, "step": -1},
+            "step": -1,
+        }
+
+    for step in (1, 2):
+        assert eng.save(step, state(step), meta={"epoch": 0, "pos": step * 8},
+                        deferred=lambda k: k.startswith(("model", "optim")))
+        eng.wait_staged()
+        eng.wait()
+    got = blank()
+    r = eng.load(got)
+    ref = state(2)
+    assert r is not None and r.step == 2 and r.meta["pos"] == 16, r
+    for k in ("w", "b"):
+        assert torch.equal(got["model"][k], ref["model"][k])
+    assert torch.equal(got["optim"]["state"][0]["exp_avg"], ref["optim"]["state"][0]["exp_avg"])
+    assert torch.equal(got[f"rng.rank{rank}"], ref[f"rng.rank{rank}"])
+    assert got[f"extra.rank{rank}"] == {"rank": rank, "step": 2} and got["step"] == 2
+    eng.close()
+    dist.barrier()
+    dist.destroy_process_group()
+    print("OK", rank, flush=True)
+    """
+)
+
+RESHARD = textwrap.dedent(
+    """
+    import sys, torch
+    import torch.distributed.checkpoint as dcp
+    from gpufleet.checkpoint import CheckpointConfig, CheckpointEngine
+
+    root = sys.argv[1]
+    eng = CheckpointEngine(CheckpointConfig(dir=root + "/ck"))
+    got = {
+        "model": {"w": torch.zeros(256, 256), "b": torch.zeros(256)},
+        "rng.rank0": torch.zeros(16, dtype=torch.uint8),
+        "rng.rank1": torch.zeros(16, dtype=torch.uint8),
+        "extra.rank1": {"rank": -1, "step": -1},
+        "step": -1,
+    }
+    r = eng.load(got)
+    g = torch.Generator().manual_seed(2)
+    assert r is not None and r.step == 2
+    assert torch.equal(got["model"]["w"], torch.randn(256, 256, generator=g))
+    assert torch.equal(got["rng.rank0"], torch.full((16,), 2, dtype=torch.uint8))
+    assert torch.equal(got["rng.rank1"], torch.full((16,), 102, dtype=torch.uint8))
+    assert got["extra.rank1"] == {"rank": 1, "step": 2} and got["step"] == 2
+    plain = {"model": {"b": torch.zeros(256)}}
+    dcp.load(plain, checkpoint_id=r.path)  # plain torch, one process
+    assert torch.equal(plain["model"]["b"], torch.full((256,), 2.0))
+    print("RESHARD_OK", flush=True)
+    """
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    env["OMP_NUM_THREADS"] = "1"
+    env.update(extra)
+    return env
+
+
+def test_two_ranks_save_load_then_reshard_to_one(tmp_path: Path) -> None:
+    port = str(_free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, str(tmp_path), "save"],
+            env=_env(RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    for r, (p, out) in enumerate(zip(procs, outs, strict=True)):
+        assert p.returncode == 0 and f"OK {r}" in out, out[-3000:]
+    ckpt = tmp_path / "ck" / "step_00000002"
+    names = sorted(p.name for p in ckpt.iterdir())
+    assert "manifest.json" in names and ".metadata" in names
+    assert any(n.startswith("__0_") for n in names) and any(n.startswith("__1_") for n in names)
+    ledger = (tmp_path / "ledger.jsonl").read_text()
+    assert ledger.count('"ckpt_committed"') == 2 and '"ckpt_verified"' in ledger
+    out = subprocess.run(
+        [sys.executable, "-c", RESHARD, str(tmp_path)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0 and "RESHARD_OK" in out.stdout, out.stdout[-2000:] + out.stderr[-3000:]
