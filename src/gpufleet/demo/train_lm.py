@@ -158,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             val = evaluate(net, val_batches)
             if run.is_main:
                 print(
-                    f"train_lm: step {step + 1:>5}  epoch {run.epoch}  loss {float(loss):.4f}  "
+                    f"train_lm: step {step + 1:>5}  epoch {run.epoch}  loss {loss.item():.4f}  "
                     f"val {val:.4f}  lr {sched.get_last_lr()[0]:.2e}",
                     flush=True,
                 )

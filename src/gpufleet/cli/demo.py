@@ -1,0 +1,46 @@
+"""``gpufleet demo``: train a tiny GPT through a crash, a hang and a NaN, and prove exact recovery."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+__all__ = ["register"]
+
+
+def demo(
+    dir: Path = typer.Option(Path("runs/demo"), "--dir", help="Where the reference and faulted runs go."),
+    steps: int = typer.Option(400, "--steps", help="Training steps of each run."),
+    nproc: int = typer.Option(2, "--nproc", "-n", help="Worker processes per run."),
+    seed: int = typer.Option(1234, "--seed", help="Seed of model init, dropout and data order."),
+    no_reference: bool = typer.Option(
+        False, "--no-reference", help="Skip the reference run (reuse DIR/reference if it matches)."
+    ),
+    checkpoint_every: int = typer.Option(25, "--checkpoint-every", help="Checkpoint interval in steps."),
+    no_progress: bool = typer.Option(False, "--no-progress", help="No live progress view."),
+    no_plot: bool = typer.Option(False, "--no-plot", help="Do not write the timeline PNG."),
+) -> int:
+    """Run the fault-tolerance demo: reference run, faulted run, report, exact-recovery check."""
+    from rich.console import Console
+
+    from gpufleet.demo.runner import DemoConfig, run_demo
+
+    cfg = DemoConfig(
+        dir=dir,
+        steps=steps,
+        nproc=nproc,
+        seed=seed,
+        reference=not no_reference,
+        checkpoint_every=checkpoint_every,
+        progress=not no_progress,
+        plot=not no_plot,
+    )
+    result = run_demo(cfg, Console())
+    if result.exit_code:
+        raise typer.Exit(result.exit_code)
+    return 0
+
+
+def register(app: typer.Typer) -> None:
+    app.command("demo")(demo)
