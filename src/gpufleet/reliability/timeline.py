@@ -86,7 +86,11 @@ def plot_timeline(events: Iterable[dict[str, Any]], path: str | os.PathLike[str]
                 seg = []
     ymax = max((e.step + 1 for e in w.steps), default=1)
 
-    # recovery spans and failure markers
+    # start-up spans (session start -> its first step began) and recovery spans, failure markers
+    for s in w.sessions:
+        first = next((e for e in w.steps if e.session == s.index), None)
+        if first is not None and first.start > s.start:
+            ax.axvspan(x(s.start, s.index), x(first.start, s.index), color="#e8e8c0", alpha=0.6, lw=0)
     for inc in w.incidents:
         end = inc.t_first_step if inc.t_first_step is not None else inc.t_end
         if end is not None:
@@ -142,6 +146,7 @@ def plot_timeline(events: Iterable[dict[str, Any]], path: str | os.PathLike[str]
         Line2D([], [], ls="none", marker="v", color="#2ca02c", mec="k", label="checkpoint committed"),
         Line2D([], [], ls="none", marker="o", mfc="white", color="#1f77b4", label="restore (resume step)"),
         Patch(color="#f2c4c4", label="recovery (failure → first step)"),
+        Patch(color="#e8e8c0", label="start-up (spawn, init, load)"),
         Line2D([], [], color="#555555", ls=":", label="restart"),
     ]
     if fx:
