@@ -24,7 +24,9 @@ TEARDOWN = "teardown"  # attempt, teardown_s
 RESTART = "restart"  # attempt (the new one), reason
 RESTORE = "restore"  # (rank 0) step, path, load_s, source: local|s3, fresh: bool
 RESTORE_REJECTED = "restore_rejected"  # (rank 0) path, step, reason
-ROLLBACK = "rollback"  # (rank 0) from_step, to_step, skip_from, skip_to, reason
+ROLLBACK = "rollback"  # (supervisor) from_step, to_step, mode: replay|skip, skip_from, skip_to, abandoned, reason
+SPIKE = "spike"  # (rank 0) step, value, reason: the loss guard fired (all ranks agreed)
+SKIP = "skip"  # (rank 0) skipped_from, skipped_to: batches skipped after a recurring spike
 GIVE_UP = "give_up"  # reason
 
 # Checkpoints (rank 0's checkpoint engine)

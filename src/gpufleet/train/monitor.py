@@ -32,6 +32,7 @@ class AttemptMonitor:
     last_hb: dict[int, float] = field(default_factory=dict)  # rank -> monotonic time of last heartbeat
     last_hb_wall: dict[int, float] = field(default_factory=dict)
     phase: dict[int, str] = field(default_factory=dict)
+    hb_step: dict[int, int] = field(default_factory=dict)  # rank -> step of its last heartbeat
     step: int = -1
     total: int | None = None
     loss: float | None = None
@@ -90,6 +91,7 @@ class AttemptMonitor:
             self.last_hb[rank] = now
             self.last_hb_wall[rank] = rec.get("t", time.time())
             self.phase[rank] = rec.get("phase", "step")
+            self.hb_step[rank] = int(rec.get("step", -1))
             if rec.get("total") is not None:
                 self.total = rec["total"]
             return
@@ -104,8 +106,8 @@ class AttemptMonitor:
                 self.loss = rec["loss"]
             if rec.get("dt") is not None:
                 self.step_times.append(float(rec["dt"]))
-        elif ev == E.ROLLBACK and "from_step" in rec:
-            self.spike_step = int(rec["from_step"])
+        elif ev == E.SPIKE:
+            self.spike_step = int(rec["step"])
         elif ev == E.INJECT:
             self.fired.append(rec)
         elif ev == E.CKPT_COMMITTED:
@@ -117,7 +119,7 @@ class AttemptMonitor:
 
     def hang_timeout(self, rank: int) -> float:
         """Auto-calibrated: ``multiplier`` x the slow tail of observed step times, never below the floor."""
-        if self.phase.get(rank, "init") != "step" or len(self.step_times) < 3:
+        if self.phase.get(rank, "init") not in ("step", "sync") or len(self.step_times) < 3:
             return max(self.init_timeout_s, self.hang_floor_s)
         tail = (
             statistics.quantiles(self.step_times, n=100)[98]
@@ -127,15 +129,24 @@ class AttemptMonitor:
         return max(self.hang_floor_s, self.hang_multiplier * tail)
 
     def hung_rank(self) -> tuple[int, float] | None:
-        """The rank silent for longest past its timeout, with the wall time it was last heard from."""
+        """If any live rank is silent past its timeout: the rank to blame and when it was last heard from.
+
+        Peers of a hung rank block in the next collective, so they fall silent too. The culprit is the
+        rank furthest behind: lowest heartbeat step, then not waiting in a collective ("sync"), then
+        silent longest.
+        """
         now = time.monotonic()
-        worst: tuple[int, float] | None = None
-        for w in self.workers:
-            if w.proc.poll() is not None:
-                continue
-            last = self.last_hb.get(w.rank, self.started)
-            if now - last > self.hang_timeout(w.rank) and (
-                worst is None or last < self.last_hb.get(worst[0], 0)
-            ):
-                worst = (w.rank, self.last_hb_wall.get(w.rank, time.time() - (now - last)))
-        return worst
+        live = [w.rank for w in self.workers if w.proc.poll() is None]
+        if not any(now - self.last_hb.get(r, self.started) > self.hang_timeout(r) for r in live):
+            return None
+
+        def behind(r: int) -> tuple[int, int, float]:
+            return (
+                self.hb_step.get(r, -1),
+                int(self.phase.get(r) == "sync"),
+                self.last_hb.get(r, self.started),
+            )
+
+        culprit = min(live, key=behind)
+        last = self.last_hb.get(culprit, self.started)
+        return culprit, self.last_hb_wall.get(culprit, time.time() - (now - last))

@@ -113,18 +113,25 @@ class Run:
                 keep_window_steps=s.spike_window,
             )
             self._engine = CheckpointEngine(
-                cfg, rank=self.rank, world_size=self.world_size, process_group=self._ckpt_pg,
+                cfg,
+                rank=self.rank,
+                world_size=self.world_size,
+                process_group=self._ckpt_pg,
                 sink=_ObservingSink(self.sink, self._ckpt_obs),
             )
-            self._policy = IntervalPolicy.parse(s.checkpoint_every, mtbf_s=self._mtbf_estimate())
+            mtbf, source = self._mtbf_estimate()
+            self._policy = IntervalPolicy.parse(s.checkpoint_every, mtbf_s=mtbf, mtbf_source=source)
         return self._engine
 
-    def _mtbf_estimate(self) -> float | None:
+    def _mtbf_estimate(self) -> tuple[float | None, str]:
+        """M for the auto interval: this run directory's failure history, else the configured value."""
+        configured = self.settings.mtbf_s
         if not self.is_main or self.settings.checkpoint_every != "auto":
-            return self.settings.mtbf_s
+            return configured, "configured"
         from gpufleet.reliability.metrics import mtbf_history
 
-        return mtbf_history(read_events(self.run_dir), configured=self.settings.mtbf_s)
+        history = mtbf_history(read_events(self.run_dir), configured=None)
+        return (history, "history") if history is not None else (configured, "configured")
 
     def _internal_state(self) -> dict[str, Any]:
         return {"guard": self._guard.state_dict(), "skips": self._skips}
@@ -206,6 +213,8 @@ class Run:
             dtype=torch.float64,
         )
         if self.world_size > 1:
+            if self.supervised:  # "waiting on peers": lets the hang detector blame the rank that never came
+                self.sink.emit("hb", step=self.step, phase="sync")
             dist.all_reduce(vec)
         self._ctrl_done = True
         self._save_due = vec[3].item() > 0
@@ -231,11 +240,12 @@ class Run:
         while step < total:
             resume = self._in_skip(step)
             if resume is not None:
-                self.sink.emit(E.ROLLBACK, skipped_from=step, skipped_to=resume, reason="skip window")
+                self.sink.emit(E.SKIP, skipped_from=step, skipped_to=resume)
                 step = resume
                 continue
             self.step = step
             self.epoch = step // steps_per_epoch if steps_per_epoch else 0
+            t0 = time.monotonic()  # a step's dt includes the checkpoint stall taken at its start
             if self._save_due and step > self._last_saved_step:
                 self._save(step)
             self._save_due = False
@@ -243,7 +253,6 @@ class Run:
             if self.supervised:
                 self.sink.emit("hb", step=step, total=total)
             self._ctrl_done = False
-            t0 = time.monotonic()
             yield step
             if not self._ctrl_done:
                 self._control(None)
@@ -272,7 +281,8 @@ class Run:
             self.sink.emit(E.INTERVAL, **decision)
 
     def _engine_observations(self) -> dict[str, float]:
-        obs, self._ckpt_obs = self._ckpt_obs, {}
+        obs = dict(self._ckpt_obs)  # the observing sink holds this very dict: copy, then clear in place
+        self._ckpt_obs.clear()
         return obs
 
     def log(self, **metrics: Any) -> float | None:
@@ -291,9 +301,7 @@ class Run:
         return mean
 
     def _on_spike(self, reason: str, value: float) -> None:
-        self.sink.emit(
-            E.ROLLBACK, from_step=self.step, reason=reason, value=None if value != value else value
-        )
+        self.sink.emit(E.SPIKE, step=self.step, reason=reason, value=None if value != value else value)
         if not self.supervised:
             raise SpikeDetected(f"step {self.step}: {reason}")
         # Under a supervisor: every rank saw the same value, so every rank leaves here together.

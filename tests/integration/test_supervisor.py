@@ -1,0 +1,206 @@
+"""The supervisor against real multi-process gloo training (tests/integration/scripts/toy_train.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpufleet.core.ledger import read_events
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = str(Path(__file__).parent / "scripts" / "toy_train.py")
+GPUFLEET = [sys.executable, "-m", "gpufleet.cli.main"]
+
+
+def gpufleet_run(
+    run_dir: Path, *flags: str, steps: int = 40, timeout: float = 150, extra: tuple[str, ...] = ()
+):
+    cmd = [
+        *GPUFLEET,
+        "run",
+        "-n",
+        "2",
+        "--run-dir",
+        str(run_dir),
+        "--checkpoint-every",
+        "5",
+        "--hang-timeout",
+        "3",
+        "--no-progress",
+        *flags,
+        "--",
+        sys.executable,
+        SCRIPT,
+        "--steps",
+        str(steps),
+        *extra,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def final(run_dir: Path) -> dict:
+    outs = sorted(run_dir.glob("final-*.json"), key=lambda p: p.stat().st_mtime)
+    assert outs, f"no final weights written in {run_dir}"
+    return json.loads(outs[-1].read_text())
+
+
+def evs(run_dir: Path, name: str) -> list[dict]:
+    return [e for e in read_events(run_dir) if e["ev"] == name]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict:
+    d = tmp_path_factory.mktemp("reference")
+    p = gpufleet_run(d)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return final(d)
+
+
+def test_crash_hang_nan_recover_bit_identical(tmp_path, reference):
+    p = gpufleet_run(
+        tmp_path,
+        "--inject",
+        "kill:rank=1,step=12",
+        "--inject",
+        "hang:rank=0,step=22",
+        "--inject",
+        "nan:step=31",
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    causes = [e["cause"] for e in evs(tmp_path, "failure")]
+    assert causes == ["crash", "hang", "spike"]
+    assert len(evs(tmp_path, "restart")) == 3
+    hang = [e for e in evs(tmp_path, "failure") if e["cause"] == "hang"][0]
+    assert hang["rank"] == 0  # the silent rank is blamed, not its blocked peer
+    # every restart resumed from a verified checkpoint, never from scratch
+    restores = evs(tmp_path, "restore")
+    assert [r["fresh"] for r in restores] == [True, False, False, False]
+    assert final(tmp_path)["sha256"] == reference["sha256"]
+    end = evs(tmp_path, "run_end")[-1]
+    assert end["status"] == "completed" and end["restarts"] == 3
+
+
+def test_recurring_spike_rolls_back_and_skips_its_batches(tmp_path):
+    p = gpufleet_run(tmp_path, "--inject", "spike:step=30,factor=1000,persist=1", steps=45, extra=())
+    assert p.returncode == 0, p.stderr[-3000:]
+    rb = evs(tmp_path, "rollback")
+    assert [r["mode"] for r in rb] == ["replay", "skip"]
+    assert rb[1]["skip_to"] == 31 and rb[1]["to_step"] <= 30 - 10
+    skips = evs(tmp_path, "skip")
+    assert skips and skips[0]["skipped_to"] == 31
+    seen = final(tmp_path)["steps"]
+    assert 30 not in seen and seen[-1] == 44
+
+
+def test_max_rollbacks_breaker(tmp_path):
+    p = gpufleet_run(tmp_path, "--max-rollbacks", "1", "--inject", "nan:step=8,persist=1", steps=20)
+    assert p.returncode == 5, p.stderr[-2000:]
+    assert evs(tmp_path, "run_end")[-1]["status"] == "max_rollbacks"
+
+
+def test_no_progress_breaker_has_its_own_exit_code(tmp_path):
+    cmd = [
+        *GPUFLEET,
+        "run",
+        "-n",
+        "1",
+        "--run-dir",
+        str(tmp_path),
+        "--no-progress",
+        "--max-no-progress",
+        "2",
+        "--",
+        sys.executable,
+        "-c",
+        "import sys; sys.exit(7)",
+    ]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 3, p.stderr
+    assert len(evs(tmp_path, "failure")) == 2
+    assert "no checkpoint progress" in evs(tmp_path, "give_up")[0]["reason"]
+
+
+def test_restart_budget(tmp_path):
+    p = gpufleet_run(
+        tmp_path,
+        "--max-restarts",
+        "1",
+        "--max-no-progress",
+        "0",
+        "--inject",
+        "kill:rank=0,step=7,persist=1",
+        steps=20,
+    )
+    assert p.returncode == 4, p.stderr[-2000:]
+    assert evs(tmp_path, "run_end")[-1]["status"] == "max_restarts"
+
+
+def test_sigterm_takes_a_final_checkpoint_and_exits_cleanly(tmp_path):
+    cmd = [
+        *GPUFLEET,
+        "run",
+        "-n",
+        "2",
+        "--run-dir",
+        str(tmp_path),
+        "--checkpoint-every",
+        "1000",
+        "--no-progress",
+        "--",
+        sys.executable,
+        SCRIPT,
+        "--steps",
+        "100000",
+        "--sleep",
+        "0.01",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(evs(tmp_path, "step")) < 20:
+        time.sleep(0.2)
+    assert len(evs(tmp_path, "step")) >= 20, "training did not start"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-2000:]
+    assert evs(tmp_path, "run_end")[-1]["status"] == "interrupted"
+    last_step = evs(tmp_path, "step")[-1]["step"]
+    committed = evs(tmp_path, "ckpt_committed")
+    assert committed and committed[-1]["step"] == last_step + 1  # nothing after the last step is lost
+    assert (tmp_path / "checkpoints" / f"step_{last_step + 1:08d}" / "manifest.json").exists()
+
+
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        ([], "no training command"),
+        (["--inject", "explode:step=3", "--", "python", "x.py"], "unknown fault kind"),
+        (["--inject", "kill:rank=1", "--", "python", "x.py"], "needs step"),
+        (["--checkpoint-every", "often", "--", "python", "x.py"], "invalid checkpoint interval"),
+        (["-n", "0", "--", "python", "x.py"], "nproc"),
+        (["--backend", "moon", "--", "python", "x.py"], "valid backends: local"),
+        (["--bogus-flag", "--", "python", "x.py"], "bogus"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(tmp_path, flags, needle):
+    p = subprocess.run(
+        [*GPUFLEET, "run", "--run-dir", str(tmp_path / "r"), *flags],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0], p.stderr
+    assert "Traceback" not in p.stderr
+    assert (
+        not (tmp_path / "r" / "ledger.jsonl").exists()
+        or os.path.getsize(tmp_path / "r" / "ledger.jsonl") == 0
+    )
