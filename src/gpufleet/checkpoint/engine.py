@@ -30,6 +30,7 @@ from gpufleet.checkpoint.manifest import (
     Manifest,
     fsync_dir,
     list_committed,
+    parse_step,
     step_dirname,
     write_manifest,
 )
@@ -277,8 +278,19 @@ class CheckpointEngine:
                 (path / "manifest.json").unlink(missing_ok=True)
                 shutil.rmtree(path, ignore_errors=True)
                 self._emit(E.CKPT_DELETED, step=m.step, path=str(path), reason="retention")
+        if committed:
+            self._sweep(committed[0][1].step)
         if self.config.upload_url:
             remote.retain(self.config, doomed, self._emit)
+
+    def _sweep(self, newest: int) -> None:
+        """Remove step dirs older than the newest commit that have no valid manifest: a kill between
+        rename and manifest, or an interrupted deletion. They are invisible to restore already."""
+        valid = {p.name for p, _ in list_committed(self.root)}
+        for p in self.root.iterdir():
+            step = parse_step(p.name)
+            if step is not None and step < newest and p.name not in valid and p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
 
     def _upload(self, step: int, final: Path) -> None:
         t0 = time.perf_counter()
