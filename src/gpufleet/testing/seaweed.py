@@ -65,12 +65,16 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    # A zombie child still answers kill(0); reap it if it is ours.
+    # A zombie still answers kill(0): reap it if it is our child, else read its state.
     with contextlib.suppress(ChildProcessError):
         done, _ = os.waitpid(pid, os.WNOHANG)
         if done == pid:
             return False
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc (not Linux): trust kill(0)
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 def stop_pid(pid: int, grace_s: float = 5.0) -> None:
