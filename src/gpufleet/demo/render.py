@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from gpufleet.demo.compare import Comparison
     from gpufleet.demo.runner import DemoConfig, RunTiming
 
-__all__ = ["Say", "loss_curve", "loss_summary", "report"]
+__all__ = ["Say", "loss_curve", "loss_summary", "report", "sample"]
 
 _KIND_TEXT = {
     "kill": "crash (SIGKILL)",
@@ -127,6 +127,22 @@ def loss_summary(console: Any, runs: list[RunTiming]) -> None:
             str(r.restarts),
         )
     console.print(t)
+
+
+def sample(console: Any, run_dir: Path) -> None:
+    """Show the text the trained model generates (written by train_lm at the end of the run)."""
+    import json
+
+    try:
+        text = json.loads((run_dir / "train_lm_summary.json").read_text()).get("sample")
+    except (OSError, ValueError):
+        return
+    if console is None or not text:
+        return
+    from rich.panel import Panel
+    from rich.text import Text
+
+    console.print(Panel(Text(text.strip("\n")), title="the model writes", border_style="dim", expand=False))
 
 
 def report(run_dir: Path, console: Any, plot: bool = True) -> Path | None:

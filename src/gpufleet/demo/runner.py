@@ -82,6 +82,7 @@ def train_command(cfg: DemoConfig) -> list[str]:
         str(cfg.steps),
         "--seed",
         str(cfg.seed),
+        *(["--quiet"] if cfg.progress else []),
         *cfg.extra_args,
     ]
 
@@ -167,6 +168,7 @@ def run_demo(cfg: DemoConfig, console: Any = None) -> DemoResult:
     say.stage("3/3", "report")
     timeline = render.report(flt_dir, console, plot=cfg.plot)
     render.loss_summary(console, [r for r in (reference, faulted) if r is not None])
+    render.sample(console, flt_dir)
 
     identical: bool | None = None
     comparison: dict[str, Any] | None = None

@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--sample-chars", type=int, default=200, help="characters to generate at the end (0: none)"
     )
+    p.add_argument("--quiet", action="store_true", help="no progress lines (a live view shows progress)")
     return p
 
 
@@ -137,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = run.restore(state)
     val_batches = corpus.val_batches(args.batch_size, max_batches=4)
 
-    if run.is_main:
+    if run.is_main and not args.quiet:
         print(
             f"train_lm: {net.num_params():,} params, {corpus.num_samples} windows, "
             f"{sampler.steps_per_epoch} steps/epoch, world {run.world_size}, start step {start}",
@@ -156,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         optim.zero_grad(set_to_none=True)
         if step % args.eval_every == args.eval_every - 1 or step == args.steps - 1:
             val = evaluate(net, val_batches)
-            if run.is_main:
+            if run.is_main and not args.quiet:
                 print(
                     f"train_lm: step {step + 1:>5}  epoch {run.epoch}  loss {loss.item():.4f}  "
                     f"val {val:.4f}  lr {sched.get_last_lr()[0]:.2e}",
@@ -175,7 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             prompt = corpus.vocab.encode("\n").view(1, 1)
             text = corpus.vocab.decode(net.generate(prompt, args.sample_chars, generator=g)[0])
             summary["sample"] = text
-            print("train_lm: sample:\n" + text, flush=True)
+            if not args.quiet:
+                print("train_lm: sample:\n" + text, flush=True)
         (run.run_dir / "train_lm_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return 0
 

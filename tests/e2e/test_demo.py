@@ -1,0 +1,48 @@
+"""The demo end to end, shortened: reference run, faulted run (crash, hang, NaN, corrupt checkpoint),
+and bit-identical final weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpufleet.core import events as E
+from gpufleet.core.ledger import read_events
+from gpufleet.demo.runner import DemoConfig, fault_plan, run_demo
+
+pytestmark = pytest.mark.slow
+
+
+def test_fault_plan_spreads_four_kinds_between_checkpoints() -> None:
+    plan = fault_plan(400, 25)
+    assert [s.split(":")[0] for s in plan] == ["ckpt_corrupt", "kill", "hang", "nan"]
+    steps = [int(s.rsplit("step=", 1)[1]) for s in plan]
+    assert steps == sorted(steps) and steps[-1] < 400
+    assert "rank=1" in plan[1]
+
+
+def test_demo_recovers_from_every_fault_with_identical_weights(tmp_path: Path) -> None:
+    cfg = DemoConfig(dir=tmp_path, steps=200, checkpoint_every=20, progress=False, plot=False)
+    result = run_demo(cfg, console=None)
+
+    assert result.reference is not None and result.reference.status == "completed"
+    assert result.faulted.status == "completed", result.faulted
+    assert result.exit_code == 0
+    assert result.identical is True
+    assert result.comparison is not None
+    assert result.comparison["a"]["sha256"] == result.comparison["b"]["sha256"]
+    assert result.comparison["a"]["step"] == result.comparison["b"]["step"] == 200
+
+    events = read_events(tmp_path / "faulted")
+    causes = [e.get("cause") for e in events if e["ev"] == E.FAILURE]
+    assert len(causes) >= 3, causes
+    assert {"crash", "hang"} <= set(causes)
+    assert {"spike", "nan"} & set(causes)
+    assert sum(1 for e in events if e["ev"] == E.RESTART) >= 3
+    assert any(e["ev"] == E.RESTORE_REJECTED for e in events)  # the corrupted checkpoint
+    assert [e["status"] for e in events if e["ev"] == E.RUN_END] == ["completed"]
+
+    ref_events = read_events(tmp_path / "reference")
+    assert not [e for e in ref_events if e["ev"] == E.FAILURE]
+    assert (tmp_path / "demo_result.json").is_file()
