@@ -47,6 +47,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "s3.json"))
     args = ap.parse_args()
 
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-s3-") as tmp:
         tmpd = Path(tmp)
         server = None
@@ -115,7 +116,8 @@ def main() -> int:
                 server.stop()
 
     mibs = {name: {k: size / MiB / statistics.median(v) for k, v in r.items()} for name, r in results.items()}
-    print(f"\nS3 on loopback, {args.size_mib} MiB file, median of {args.repeats} (MiB/s)")
+    load = f"load {load_before:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    print(f"\nS3 on loopback, {args.size_mib} MiB file, median of {args.repeats} (MiB/s); {load}")
     print(f"{'client':<16}{'upload':>10}{'download':>10}")
     for name, m in mibs.items():
         print(f"{name:<16}{m['up']:>10.0f}{m['down']:>10.0f}")
@@ -127,6 +129,8 @@ def main() -> int:
         "repeats": args.repeats,
         "server": "SeaweedFS (weed server -s3) on 127.0.0.1",
         "host": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        # other work on the host skews these figures: record the 1-minute load around the run
+        "loadavg_1m": {"before": load_before, "after": os.getloadavg()[0]},
         "seconds": results,
         "mib_per_s": mibs,
         "ratio_vs_boto3_default": {"up": ours["up"] / base["up"], "down": ours["down"] / base["down"]},
