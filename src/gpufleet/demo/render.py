@@ -71,16 +71,14 @@ class Say:
     def comparison(self, c: Comparison) -> None:
         if self.c is None:
             return
-        from rich.table import Table
-
-        t = Table(title="exact-recovery check (model weights in the final checkpoints)", title_justify="left")
-        t.add_column("run")
-        t.add_column("step", justify="right")
-        t.add_column("params", justify="right")
-        t.add_column("sha256")
+        steps = {c.a.step, c.b.step}
+        step = str(c.a.step) if len(steps) == 1 else f"{c.a.step} vs {c.b.step}"
+        self._print(
+            f"\n[bold]exact-recovery check[/]: model weights in the final checkpoints "
+            f"(step {step}, {c.a.n_params:,} params)"
+        )
         for label, w in (("reference", c.a), ("faulted", c.b)):
-            t.add_row(label, str(w.step), f"{w.n_params:,}", w.sha256)
-        self._print(t)
+            self._print(f"  {label:<9} sha256 {w.sha256}", highlight=False)
         if c.identical:
             self._print("[bold green]IDENTICAL[/]: bit-for-bit the same weights (max abs diff 0)")
         else:
@@ -146,24 +144,22 @@ def sample(console: Any, run_dir: Path) -> None:
 
 
 def report(run_dir: Path, console: Any, plot: bool = True) -> Path | None:
-    """Print the reliability report of ``run_dir`` and write its timeline PNG; returns the PNG path."""
-    try:
-        from gpufleet.reliability import report as rep  # the `gpufleet report` library
-    except ImportError:
-        rep = None
-    if rep is not None:
-        return rep.demo_report(run_dir, console=console, plot=plot)  # type: ignore[no-any-return]
-    return _fallback_report(run_dir, console)
-
-
-def _fallback_report(run_dir: Path, console: Any) -> Path | None:
+    """Print the reliability report of ``run_dir`` (as ``gpufleet report`` does) and write its
+    timeline PNG; returns the PNG path."""
     from gpufleet.reliability.metrics import summarize
 
-    s = summarize(read_events(run_dir), str(run_dir))
+    events = read_events(run_dir)
+    summary = summarize(events, run_dir=str(run_dir))
+    png: Path | None = None
+    if plot:
+        from gpufleet.reliability.timeline import plot_timeline
+
+        png = plot_timeline(events, run_dir / "timeline.png", title=f"gpufleet demo: {run_dir}")
+        summary["timeline_png"] = str(png)
     if console is not None:
-        gp = s.get("goodput")
-        console.print(
-            f"    failures {s['failures']['count']} {s['failures']['by_cause']}, "
-            f"restarts {s['restarts']}, goodput {'-' if gp is None else f'{gp:.1%}'}"
-        )
-    return None
+        from gpufleet.reliability.render import render
+
+        render(summary, console)
+        if png is not None:
+            console.print(f"timeline: [bold]{png}[/]")
+    return png
