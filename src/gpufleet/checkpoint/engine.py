@@ -34,6 +34,7 @@ from gpufleet.checkpoint.manifest import (
     step_dirname,
     write_manifest,
 )
+from gpufleet.checkpoint.reader import FastReader
 from gpufleet.checkpoint.retention import select_deletions
 from gpufleet.checkpoint.staging import StageJob, Stager
 from gpufleet.checkpoint.verify import hash_file, verify_dir
@@ -348,7 +349,12 @@ class CheckpointEngine:
         if choice is None:
             return None
         step, path, source, meta = choice
-        dcp.load(state_dict, checkpoint_id=path, process_group=self.pg, no_dist=not self._distributed)
+        dcp.load(
+            state_dict,
+            storage_reader=FastReader(path, threads=self.config.io_threads),
+            process_group=self.pg,
+            no_dist=not self._distributed,
+        )
         self._newest_verified = step
         return LoadResult(
             step=step,
