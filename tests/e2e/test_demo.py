@@ -46,3 +46,24 @@ def test_demo_recovers_from_every_fault_with_identical_weights(tmp_path: Path) -
     ref_events = read_events(tmp_path / "reference")
     assert not [e for e in ref_events if e["ev"] == E.FAILURE]
     assert (tmp_path / "demo_result.json").is_file()
+
+
+def test_train_lm_early_stop_books_the_last_step(tmp_path: Path) -> None:
+    """Standalone, one process: patience 1 with a learning rate too small to improve stops at the
+    second evaluation, and the final checkpoint is labelled with the number of steps that ran."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from gpufleet.demo.compare import latest_checkpoint
+
+    env = {**os.environ, "GPUFLEET_RUN_DIR": str(tmp_path), "GPUFLEET_CKPT_EVERY": "10"}
+    cmd = [sys.executable, "-W", "ignore", "-m", "gpufleet.demo.train_lm", "--steps", "100"]
+    cmd += ["--eval-every", "10", "--patience", "1", "--lr", "1e-7", "--warmup", "0", "--sample-chars", "0"]
+    subprocess.run(cmd, env=env, check=True, timeout=120, capture_output=True)
+    summary = json.loads((tmp_path / "train_lm_summary.json").read_text())
+    assert summary["stopped_early"] is True
+    assert latest_checkpoint(tmp_path)[0] == 20
+    steps = [e["step"] for e in read_events(tmp_path) if e["ev"] == E.STEP]
+    assert steps == list(range(20))

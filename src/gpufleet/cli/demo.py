@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
@@ -18,7 +19,9 @@ def demo(
         False, "--no-reference", help="Skip the reference run (reuse DIR/reference if it matches)."
     ),
     checkpoint_every: int = typer.Option(25, "--checkpoint-every", help="Checkpoint interval in steps."),
-    no_progress: bool = typer.Option(False, "--no-progress", help="No live progress view."),
+    progress: bool | None = typer.Option(
+        None, "--progress/--no-progress", help="Live progress view (default: when stderr is a terminal)."
+    ),
     no_plot: bool = typer.Option(False, "--no-plot", help="Do not write the timeline PNG."),
 ) -> int:
     """Run the fault-tolerance demo: reference run, faulted run, report, exact-recovery check."""
@@ -33,7 +36,7 @@ def demo(
         seed=seed,
         reference=not no_reference,
         checkpoint_every=checkpoint_every,
-        progress=not no_progress,
+        progress=sys.stderr.isatty() if progress is None else progress,
         plot=not no_plot,
     )
     result = run_demo(cfg, Console())

@@ -145,8 +145,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             flush=True,
         )
 
-    stopped_early = False
     for step in run.steps(args.steps, steps_per_epoch=sampler.steps_per_epoch):
+        # Early stopping is checked at the top of the next step, not with a `break` right after the
+        # evaluation: by then run.steps() has booked the finished step, so the final checkpoint
+        # carries the right step number (and a restart after a stop comes straight back here).
+        if stopper.stopped:
+            break
         x, y = corpus.batch(sampler.indices(step))
         loss = model(x, y)
         loss.backward()
@@ -163,14 +167,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"val {val:.4f}  lr {sched.get_last_lr()[0]:.2e}",
                     flush=True,
                 )
-            if stopper.update(val):
-                stopped_early = True
-                break
+            stopper.update(val)
 
     run.finish()
 
     if run.is_main:
-        summary = {"best_val": stopper.best, "stopped_early": stopped_early, "params": net.num_params()}
+        summary = {"best_val": stopper.best, "stopped_early": stopper.stopped, "params": net.num_params()}
         if args.sample_chars > 0:
             g = torch.Generator().manual_seed(args.seed)
             prompt = corpus.vocab.encode("\n").view(1, 1)
