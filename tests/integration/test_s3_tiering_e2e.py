@@ -75,6 +75,6 @@ def test_checkpoints_commit_and_upload_through_a_flaky_s3(tmp_path, s3_url, s3_s
     finally:
         proxy.stop()
     assert p.returncode == 0, p.stderr[-3000:]
-    assert sum(v for k, v in stats.items() if k != "forwarded") > 0, stats  # errors really were injected
+    assert stats["injected"] > 0, stats  # errors really were injected
     assert {e["step"] for e in evs(tmp_path, "ckpt_uploaded")} >= {30}
     assert not evs(tmp_path, "ckpt_failed")

@@ -124,3 +124,26 @@ def test_compare_runs_identical_and_different(tmp_path: Path) -> None:
     assert same.identical and same.max_abs_diff == 0.0 and same.a.sha256 == same.b.sha256
     diff = compare_runs(a, c)
     assert not diff.identical and diff.max_abs_diff > 0 and diff.mismatched
+
+
+def test_demo_cli_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpufleet.cli.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["demo", "--steps", "50"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--steps" in err
+
+
+def test_fault_plan_scales_with_the_run() -> None:
+    from gpufleet.demo.runner import fault_plan
+
+    assert fault_plan(400, 25) == [
+        "ckpt_corrupt:step=100",
+        "kill:rank=1,step=112",
+        "hang:rank=0,step=212",
+        "nan:step=312",
+    ]
+    small = fault_plan(200, 20, nproc=1)
+    assert small[1] == "kill:rank=0,step=70"
