@@ -78,7 +78,7 @@ class Say:
             f"(step {step}, {c.a.n_params:,} params)"
         )
         for label, w in (("reference", c.a), ("faulted", c.b)):
-            self._print(f"  {label:<9} sha256 {w.sha256}", highlight=False)
+            self._print(f"  {label:<9} sha256 {w.sha256}", highlight=False, soft_wrap=True)
         if c.identical:
             self._print("[bold green]IDENTICAL[/]: bit-for-bit the same weights (max abs diff 0)")
         else:
