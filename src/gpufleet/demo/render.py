@@ -152,10 +152,18 @@ def report(run_dir: Path, console: Any, plot: bool = True) -> Path | None:
     summary = summarize(events, run_dir=str(run_dir))
     png: Path | None = None
     if plot:
-        from gpufleet.reliability.timeline import plot_timeline
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            if console is not None:
+                console.print(
+                    "[yellow]timeline skipped[/]: matplotlib is missing (pip install 'gpufleet[plot]')"
+                )
+        else:
+            from gpufleet.reliability.timeline import plot_timeline
 
-        png = plot_timeline(events, run_dir / "timeline.png", title=f"gpufleet demo: {run_dir}")
-        summary["timeline_png"] = str(png)
+            png = plot_timeline(events, run_dir / "timeline.png", title=f"gpufleet demo: {run_dir}")
+            summary["timeline_png"] = str(png)
     if console is not None:
         from gpufleet.reliability.render import render
 
