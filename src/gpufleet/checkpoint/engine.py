@@ -205,6 +205,12 @@ class CheckpointEngine:
         t0 = time.perf_counter()
         ok, reason, files = True, None, None
         try:
+            if self._distributed:
+                # A rank whose staging failed must not leave the others alone inside dcp.save.
+                flag = torch.tensor([0 if job.stage.error is None else 1], dtype=torch.int32)
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.pg)
+                if flag.item() and job.stage.error is None:
+                    raise CheckpointError("staging failed on another rank")
             if job.stage.error is not None:
                 raise job.stage.error
             writer = SummingWriter(tmp, thread_count=self.config.io_threads, fail=job.fault == "fail")

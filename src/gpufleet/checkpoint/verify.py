@@ -41,9 +41,14 @@ def _check(d: Path, name: str, size: int, digest: str) -> str | None:
         actual = p.stat().st_size
     except FileNotFoundError:
         return f"missing file {name}"
+    except OSError as e:
+        return f"cannot stat {name}: {e.strerror or e}"
     if actual != size:
         return f"size mismatch in {name}: {actual} bytes, manifest says {size}"
-    got_size, got = hash_file(p)
+    try:
+        got_size, got = hash_file(p)
+    except OSError as e:
+        return f"cannot read {name}: {e.strerror or e}"
     if got_size != size:
         return f"size mismatch in {name}: read {got_size} bytes, manifest says {size}"
     if got != digest:
