@@ -36,6 +36,8 @@ class GPTConfig:
 
 
 class CausalSelfAttention(nn.Module):
+    mask: torch.Tensor
+
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.n_heads = cfg.n_heads
