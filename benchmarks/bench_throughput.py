@@ -137,9 +137,8 @@ def main() -> None:
     )
     for name, row in (("persist", rows[0]), ("restore", rows[1])):
         ok = row[4] >= 0.8 and row[5] >= 1.5
-        print(
-            f"goal {name}: >=80% raw ({row[4]:.0%}) and >=1.5x DCP ({row[5]:.2f}x) -> {'MET' if ok else 'NOT MET'}"
-        )
+        verdict = "MET" if ok else "NOT MET"
+        print(f"goal {name}: >=80% raw ({row[4]:.0%}) and >=1.5x DCP ({row[5]:.2f}x) -> {verdict}")
     out = write_json(
         "p2_throughput.json",
         {

@@ -9,7 +9,6 @@ decision is agreed through a MAX all-reduce on a small control group, so every r
 from __future__ import annotations
 
 import copy
-import errno
 import os
 import shutil
 import threading
@@ -25,6 +24,7 @@ import torch.distributed.checkpoint as dcp
 
 from gpufleet.checkpoint import remote
 from gpufleet.checkpoint.config import CheckpointConfig, CheckpointInfo, LoadResult
+from gpufleet.checkpoint.failures import failure_reason, flip_byte
 from gpufleet.checkpoint.manifest import (
     FileEntry,
     Manifest,
@@ -49,26 +49,6 @@ _FAULTS = (None, "fail", "corrupt")
 
 # Single-process saves/loads pass no_dist=True on purpose; DCP still warns about it every time.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
-
-
-def _reason(e: BaseException) -> str:
-    """One line saying why a persist failed; disk-full is named as such."""
-    seen: list[BaseException] = [e]
-    failures = getattr(e, "failures", None)  # DCP's CheckpointException: {rank: exc or (exc, tb)}
-    if isinstance(failures, dict):
-        for v in failures.values():
-            seen.append(v[0] if isinstance(v, tuple) else v)
-    for x in list(seen):
-        while x.__cause__ is not None or x.__context__ is not None:
-            x = x.__cause__ or x.__context__  # type: ignore[assignment]
-            seen.append(x)
-    for x in seen:
-        if isinstance(x, OSError) and x.errno == errno.ENOSPC:
-            return f"disk full (ENOSPC) while writing the checkpoint: {x.strerror}"
-    for x in seen[1:] + seen[:1]:
-        if isinstance(x, BaseException) and not hasattr(x, "failures"):
-            return f"{type(x).__name__}: {x}".splitlines()[0][:300]
-    return str(e).splitlines()[0][:300]
 
 
 class _Job:
@@ -220,7 +200,7 @@ class CheckpointEngine:
             if self.rank == 0:
                 files = self._commit(job, writer, tmp, final)
         except BaseException as e:  # noqa: BLE001 - a background thread must report every failure
-            ok, reason = False, _reason(e)
+            ok, reason = False, failure_reason(e)
         if self._distributed:
             status = [(ok, reason)]
             dist.broadcast_object_list(status, src=0, group=self.pg)  # rank 0's commit is the verdict
@@ -246,7 +226,7 @@ class CheckpointEngine:
         )
         self._newest_verified = job.step
         if job.fault == "corrupt":
-            _flip_byte(final, files)
+            flip_byte(final, files)
         self._retain()
         if self.config.upload_url:
             self._upload(job.step, final)
@@ -304,7 +284,7 @@ class CheckpointEngine:
         try:
             nbytes = remote.upload(self.config, final)
         except BaseException as e:  # noqa: BLE001 - boto3/botocore raise many types; report, keep training
-            self._emit(E.CKPT_FAILED, step=step, reason=f"upload failed: {_reason(e)}", stage="upload")
+            self._emit(E.CKPT_FAILED, step=step, reason=f"upload failed: {failure_reason(e)}", stage="upload")
             return
         self._emit(
             E.CKPT_UPLOADED,
@@ -393,7 +373,7 @@ class CheckpointEngine:
                         E.RESTORE_REJECTED,
                         path=remote.url_for(self.config, step_dirname(step)),
                         step=step,
-                        reason=f"download failed: {_reason(e)}",
+                        reason=f"download failed: {failure_reason(e)}",
                     )
                     continue
                 m, reason = verify_dir(path, self.config.io_threads)
@@ -413,17 +393,3 @@ class CheckpointEngine:
         """Finish the in-flight checkpoint (errors were already reported as CKPT_FAILED)."""
         self.wait_staged()
         self._join()
-
-
-def _flip_byte(final: Path, files: dict[str, FileEntry]) -> None:
-    """fault=corrupt: flip one byte in the middle of the largest shard, after the commit."""
-    name = max((n for n in files if n.endswith(".distcp")), key=lambda n: files[n].bytes, default=None)
-    if name is None or files[name].bytes == 0:
-        return
-    with open(final / name, "r+b") as f:
-        f.seek(files[name].bytes // 2)
-        b = f.read(1)
-        f.seek(files[name].bytes // 2)
-        f.write(bytes([b[0] ^ 0xFF]))
-        f.flush()
-        os.fsync(f.fileno())
