@@ -40,7 +40,7 @@ from gpufleet.checkpoint.staging import StageJob, Stager
 from gpufleet.checkpoint.verify import hash_file, verify_dir
 from gpufleet.checkpoint.writer import SummingWriter
 from gpufleet.core import events as E
-from gpufleet.core.errors import CheckpointError, ConfigError
+from gpufleet.core.errors import CheckpointError, ConfigError, StorageError
 from gpufleet.core.ledger import EventSink
 
 __all__ = ["CheckpointEngine"]
@@ -368,7 +368,7 @@ class CheckpointEngine:
                 t0 = time.perf_counter()
                 try:
                     path = get()
-                except BaseException as e:  # noqa: BLE001 - any S3 failure means: try the next candidate
+                except (StorageError, OSError) as e:  # this copy is unusable: try the next candidate
                     self._emit(
                         E.RESTORE_REJECTED,
                         path=remote.url_for(self.config, step_dirname(step)),
