@@ -43,3 +43,37 @@ def test_standalone_spike_raises_a_clear_error(tmp_path):
     assert p.returncode != 0
     assert "SpikeDetected" in p.stderr and "step 12" in p.stderr
     assert any(e["ev"] == "spike" and e["step"] == 12 for e in read_events(tmp_path))
+
+
+BREAK_SCRIPT = """
+import sys, torch, gpufleet
+run = gpufleet.init()
+model = torch.nn.Linear(2, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+start = run.restore({"model": model, "optim": opt})
+seen = []
+for step in run.steps(100):
+    seen.append(step)
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step(); opt.zero_grad()
+    if step == 19:
+        break
+run.finish()
+print("start", start, "last", seen[-1])
+"""
+
+
+def test_break_out_of_the_loop_checkpoints_after_the_last_finished_step(tmp_path):
+    env = {**os.environ, "GPUFLEET_RUN_DIR": str(tmp_path), "GPUFLEET_CKPT_EVERY": "1000"}
+    p = subprocess.run(
+        [sys.executable, "-c", BREAK_SCRIPT], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert p.returncode == 0, p.stderr
+    assert "start 0 last 19" in p.stdout
+    steps = [e["step"] for e in read_events(tmp_path) if e["ev"] == "step"]
+    assert steps == list(range(20))
+    assert (tmp_path / "checkpoints" / "step_00000020" / "manifest.json").exists()
+    p = subprocess.run(
+        [sys.executable, "-c", BREAK_SCRIPT], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert "start 20 last 99" in p.stdout, p.stderr  # resumes after step 19, never repeats it

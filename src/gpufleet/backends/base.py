@@ -8,6 +8,7 @@ Kubernetes and Ray backends reuse them. Multi-node rendezvous travels in :class:
 
 from __future__ import annotations
 
+import os
 import subprocess
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -25,6 +26,12 @@ class LaunchSpec:
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
     attempt: int = 0
+    log_dir: str | None = None  # worker stdout/stderr go to LOG_DIR/attempt-A/rank-R.log (else inherited)
+
+    def log_path(self, rank: int) -> str | None:
+        if self.log_dir is None:
+            return None
+        return os.path.join(self.log_dir, f"attempt-{self.attempt}", f"rank-{rank}.log")
 
     @property
     def world_size(self) -> int:

@@ -74,6 +74,7 @@ class LocalBackend:
                     "env": {**env, "GPUFLEET_CONTROL_FD": str(sb.write_fd)},
                     "argv": argv,
                     "module": is_module,
+                    "log": _prepare_log(spec.log_path(rank)),
                 }
                 sb.proc.stdin.write((json.dumps(order) + "\n").encode())
                 sb.proc.stdin.flush()
@@ -88,7 +89,20 @@ class LocalBackend:
                 "GPUFLEET_CONTROL_FD": str(w),
                 "GPUFLEET_SPAWN_T": str(time.time()),
             }
-            proc = subprocess.Popen(spec.command, env=full_env, pass_fds=(w,), start_new_session=True)
+            log = _prepare_log(spec.log_path(rank))
+            out = open(log, "ab") if log else None  # noqa: SIM115 - handed to the child, closed right after
+            try:
+                proc = subprocess.Popen(
+                    spec.command,
+                    env=full_env,
+                    pass_fds=(w,),
+                    start_new_session=True,
+                    stdout=out,
+                    stderr=subprocess.STDOUT if out else None,
+                )
+            finally:
+                if out:
+                    out.close()
             os.close(w)
             workers.append(Worker(rank, proc, r))
         return workers
@@ -126,6 +140,12 @@ class LocalBackend:
             os.close(sb.read_fd)
             os.close(sb.write_fd)
         return None
+
+
+def _prepare_log(path: str | None) -> str | None:
+    if path is not None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    return path
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:

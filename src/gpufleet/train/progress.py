@@ -11,8 +11,10 @@ __all__ = ["LiveView"]
 
 
 class LiveView:
-    def __init__(self, console: Console | None = None) -> None:
+    def __init__(self, console: Console | None = None, log_dir: str | None = None) -> None:
         self.console = console or Console(stderr=True)
+        if log_dir:
+            self.console.print(f"[dim]worker output: {log_dir}/attempt-N/rank-R.log[/]")
         self._progress = Progress(
             TextColumn("[bold]train[/]"),
             BarColumn(),

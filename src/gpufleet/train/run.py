@@ -253,7 +253,15 @@ class Run:
             if self.supervised:
                 self.sink.emit("hb", step=step, total=total)
             self._ctrl_done = False
-            yield step
+            try:
+                yield step
+            except GeneratorExit:
+                # The loop body ended with `break` (early stopping): this step is complete, so the
+                # final checkpoint must resume after it. No collective here: peers may not break.
+                if self.is_main:
+                    self._record_step(step, time.monotonic() - t0)
+                self.step = step + 1
+                raise
             if not self._ctrl_done:
                 self._control(None)
             dt = time.monotonic() - t0

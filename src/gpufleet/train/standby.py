@@ -30,6 +30,13 @@ def main() -> None:
     sys.stdin.close()
     os.close(0)
     os.open(os.devnull, os.O_RDONLY)  # fd 0 again, so nothing else lands there
+    if order.get("log"):  # the supervisor's live view owns the terminal: write to the rank's log file
+        fd = os.open(order["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
     argv: list[str] = order["argv"]
     sys.argv = list(argv)
     if order.get("module"):

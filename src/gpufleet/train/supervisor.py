@@ -114,7 +114,7 @@ class Supervisor:
         if self.cfg.progress:
             from gpufleet.train.progress import LiveView
 
-            view = LiveView()
+            view = LiveView(log_dir=str(self.run_dir / "logs"))
         try:
             ledger.emit(
                 E.RUN_START,
@@ -152,12 +152,15 @@ class Supervisor:
             value = getattr(self.cfg, name, None)
             if value is not None and name != "run_dir":
                 env[var] = str(value)
+        # With the live view on, worker output would tear it apart: send it to per-rank log files.
+        log_dir = str(self.run_dir / "logs") if self.cfg.progress else None
         return LaunchSpec(
             command=self.cfg.command,
             nproc_per_node=self.cfg.nproc,
             env=env,
             master_port=_free_port(),
             attempt=attempt,
+            log_dir=log_dir,
         )
 
     def _loop(self, ledger: Ledger, view: Any) -> Outcome:
