@@ -30,6 +30,7 @@ def _register() -> None:
     report.register(app)
     demo.register(app)
     app.add_typer(ckpt.app, name="ckpt")
+    # Pillars added later register here, one line each (their modules must import lightly).
 
 
 def fail(message: str, code: int = 2) -> None:
