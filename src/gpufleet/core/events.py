@@ -41,3 +41,7 @@ INTERVAL = "interval"  # policy, every_steps, every_s, delta_s, mtbf_s, persist_
 
 # Faults injected on purpose (workers)
 INJECT = "inject"  # kind, step, rank, spec
+
+# Node health (fleet ledger, see docs/health.md)
+NODE_STATE = "node_state"  # node, state, reason, check?, component, by: gpufleet|admin
+HEALTH_RESULT = "health_result"  # node, plan, profile, check, status, value, unit, threshold, valid_until

@@ -1,0 +1,232 @@
+"""The node state log (fleet ledger) and node reputation: state, MTBF, MTTR, lemons, exclude lists.
+
+Node states are ``node_state`` events in the *fleet ledger*: the same append-only JSONL
+:class:`~gpufleet.core.ledger.Ledger` the runs use, kept in the fleet state directory
+(:func:`fleet_dir`: ``$GPUFLEET_FLEET_DIR``, else ``./.gpufleet/fleet``). Everything here is computed
+from that log and from nothing else.
+
+States and what they mean for reputation::
+
+    healthy ──FAIL──▶ suspect ──▶ drained ──▶ repaired ──▶ validated ──▶ in_service
+       ▲                 │                                                  │
+       └──── passing ────┘                                                  ▼ (FAIL) suspect ...
+
+- *good* states: ``healthy``, ``validated``, ``in_service``;
+- *down* states: ``suspect``, ``drained``, ``repaired`` (fixed but not yet validated).
+
+A **failure** is a transition from a good state (or no state yet) into ``suspect`` or ``drained``;
+``suspect`` → ``drained`` continues the same failure. A **repair** ends when a down node returns
+to a good state; its duration is the repair time. Per node:
+
+- MTBF = time in good states / failures (None without failures);
+- MTTR = mean of completed repair times (None without any);
+- lemon = at least ``lemon_failures`` failures within the last ``lemon_window_s`` seconds
+  (defaults 3 in 30 days; env ``GPUFLEET_LEMON_FAILURES`` / ``GPUFLEET_LEMON_WINDOW_DAYS``).
+
+:func:`exclude_list` returns the nodes a scheduler should keep jobs off: currently down, or lemons.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpufleet.core.errors import UsageError
+from gpufleet.core.events import NODE_STATE
+from gpufleet.core.ledger import Ledger, read_events
+
+__all__ = [
+    "STATES",
+    "GOOD_STATES",
+    "DOWN_STATES",
+    "COMPONENTS",
+    "NodeSummary",
+    "fleet_dir",
+    "record_state",
+    "node_states",
+    "current_state",
+    "node_table",
+    "exclude_list",
+    "lemon_settings",
+]
+
+STATES = ("healthy", "suspect", "drained", "repaired", "validated", "in_service")
+GOOD_STATES = frozenset({"healthy", "validated", "in_service"})
+DOWN_STATES = frozenset({"suspect", "drained", "repaired"})
+FAILURE_STATES = frozenset({"suspect", "drained"})
+COMPONENTS = ("gpu", "memory", "network", "storage", "host", "software", "unknown")
+BY = ("gpufleet", "admin")
+
+DEFAULT_LEMON_FAILURES = 3
+DEFAULT_LEMON_WINDOW_DAYS = 30.0
+
+
+def fleet_dir(fleet: str | os.PathLike[str] | None = None) -> Path:
+    """The fleet state directory: ``fleet``, else ``$GPUFLEET_FLEET_DIR``, else ``./.gpufleet/fleet``."""
+    if fleet is not None:
+        return Path(fleet)
+    env = os.environ.get("GPUFLEET_FLEET_DIR")
+    return Path(env) if env else Path(".gpufleet") / "fleet"
+
+
+def record_state(
+    node: str,
+    state: str,
+    reason: str,
+    *,
+    component: str = "unknown",
+    check: str | None = None,
+    by: str = "gpufleet",
+    fleet: str | os.PathLike[str] | None = None,
+    t: float | None = None,
+) -> dict[str, Any]:
+    """Append one ``node_state`` event to the fleet ledger and return its fields."""
+    if not node:
+        raise UsageError("node name must not be empty")
+    if state not in STATES:
+        raise UsageError(f"unknown node state {state!r}; valid: {', '.join(STATES)}")
+    if component not in COMPONENTS:
+        raise UsageError(f"unknown component {component!r}; valid: {', '.join(COMPONENTS)}")
+    if by not in BY:
+        raise UsageError(f"unknown actor {by!r}; valid: {', '.join(BY)}")
+    fields: dict[str, Any] = {"node": node, "state": state, "reason": reason}
+    fields.update(component=component, by=by)
+    if check is not None:
+        fields["check"] = check
+    if t is not None:
+        fields["t"] = t
+    with Ledger(fleet_dir(fleet)) as ledger:
+        ledger.emit(NODE_STATE, **dict(fields))
+    return fields
+
+
+def node_states(fleet: str | os.PathLike[str] | None = None) -> dict[str, list[dict[str, Any]]]:
+    """``node_state`` events per node, in time order."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for e in read_events(fleet_dir(fleet)):
+        if e.get("ev") == NODE_STATE and e.get("node") and e.get("state") in STATES:
+            out.setdefault(str(e["node"]), []).append(e)
+    for evs in out.values():
+        evs.sort(key=lambda e: float(e.get("t", 0.0)))
+    return out
+
+
+def current_state(node: str, fleet: str | os.PathLike[str] | None = None) -> dict[str, Any] | None:
+    """The newest ``node_state`` event of ``node`` (None when the log never mentions it)."""
+    evs = node_states(fleet).get(node)
+    return evs[-1] if evs else None
+
+
+def lemon_settings(
+    lemon_failures: int | None = None, lemon_window_days: float | None = None
+) -> tuple[int, float]:
+    """(failures, window seconds): explicit values, else env, else 3 failures in 30 days."""
+    n = lemon_failures
+    if n is None:
+        n = int(os.environ.get("GPUFLEET_LEMON_FAILURES", DEFAULT_LEMON_FAILURES))
+    days = lemon_window_days
+    if days is None:
+        days = float(os.environ.get("GPUFLEET_LEMON_WINDOW_DAYS", DEFAULT_LEMON_WINDOW_DAYS))
+    if n < 1 or days <= 0:
+        raise UsageError("lemon threshold needs failures >= 1 and a positive window")
+    return n, days * 86400.0
+
+
+@dataclass
+class NodeSummary:
+    """One row of ``gpufleet nodes``."""
+
+    node: str
+    state: str
+    since: float
+    reason: str
+    by: str
+    failures: int
+    repairs: int
+    mtbf_s: float | None
+    mttr_s: float | None
+    failures_by_component: dict[str, int] = field(default_factory=dict)
+    recent_failures: int = 0
+    lemon: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def summarize_node(
+    node: str, events: Iterable[dict[str, Any]], *, now: float, lemon_failures: int, lemon_window_s: float
+) -> NodeSummary:
+    """Reputation of one node from its ``node_state`` events (time-ordered)."""
+    evs = list(events)
+    failures: list[float] = []
+    repair_times: list[float] = []
+    by_component: Counter[str] = Counter()
+    good_time = 0.0
+    state: str | None = None
+    entered = float(evs[0].get("t", now)) if evs else now
+    failed_at: float | None = None
+    for e in evs:
+        t, new = float(e.get("t", now)), str(e["state"])
+        if state is not None and state in GOOD_STATES:
+            good_time += max(0.0, t - entered)
+        was_down = state in DOWN_STATES
+        if new in FAILURE_STATES and not was_down:
+            failures.append(t)
+            failed_at = t
+            by_component[str(e.get("component", "unknown"))] += 1
+        elif new in GOOD_STATES and was_down and failed_at is not None:
+            repair_times.append(t - failed_at)
+            failed_at = None
+        if new != state:
+            state, entered = new, t
+    if state in GOOD_STATES:
+        good_time += max(0.0, now - entered)
+    last = evs[-1]
+    recent = sum(1 for t in failures if t >= now - lemon_window_s)
+    return NodeSummary(
+        node=node,
+        state=str(last["state"]),
+        since=entered,
+        reason=str(last.get("reason", "")),
+        by=str(last.get("by", "gpufleet")),
+        failures=len(failures),
+        repairs=len(repair_times),
+        mtbf_s=good_time / len(failures) if failures else None,
+        mttr_s=sum(repair_times) / len(repair_times) if repair_times else None,
+        failures_by_component=dict(sorted(by_component.items())),
+        recent_failures=recent,
+        lemon=recent >= lemon_failures,
+    )
+
+
+def node_table(
+    fleet: str | os.PathLike[str] | None = None,
+    *,
+    now: float | None = None,
+    lemon_failures: int | None = None,
+    lemon_window_days: float | None = None,
+) -> list[NodeSummary]:
+    """One :class:`NodeSummary` per node in the fleet ledger, sorted by node name."""
+    n, window_s = lemon_settings(lemon_failures, lemon_window_days)
+    now = time.time() if now is None else now
+    return [
+        summarize_node(node, evs, now=now, lemon_failures=n, lemon_window_s=window_s)
+        for node, evs in sorted(node_states(fleet).items())
+    ]
+
+
+def exclude_list(
+    fleet: str | os.PathLike[str] | None = None,
+    *,
+    now: float | None = None,
+    lemon_failures: int | None = None,
+    lemon_window_days: float | None = None,
+) -> list[str]:
+    """Nodes to keep new jobs off (sorted): currently suspect, drained or repaired, or lemons."""
+    rows = node_table(fleet, now=now, lemon_failures=lemon_failures, lemon_window_days=lemon_window_days)
+    return [r.node for r in rows if r.state in DOWN_STATES or r.lemon]
