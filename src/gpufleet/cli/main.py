@@ -31,6 +31,7 @@ def _register() -> None:
     demo.register(app)
     app.add_typer(ckpt.app, name="ckpt")
     # Pillars added later register here, one line each (their modules must import lightly).
+    from gpufleet.cli import serve as serve_cli; app.add_typer(serve_cli.app, name="serve")  # noqa: E702, I001
 
 
 def fail(message: str, code: int = 2) -> None:
