@@ -1,0 +1,231 @@
+"""GPU checks over NVML (inventory, ECC, remapped rows, throttling, clocks, temperature, PCIe) and XIDs."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+from gpufleet.health.checks import Context, register, result
+from gpufleet.health.nvml import BAD_THROTTLE, NvmlUnavailable, read_gpus, throttle_names
+from gpufleet.health.results import CheckResult, Status, worst
+from gpufleet.health.xid import classify, parse_xids, repeat_suspects
+
+
+@register("gpu.inventory", component="gpu", timeout_s=15)
+def inventory(ctx: Context) -> list[CheckResult]:
+    """GPU count (NVML) against the expected count; all GPUs of the profile's model."""
+    want = ctx.expect_gpus
+    try:
+        gpus = read_gpus()
+    except NvmlUnavailable as e:
+        if want == 0:
+            return [
+                result("gpu.inventory", Status.OK, "no GPUs expected", value=0, unit="count", threshold=0)
+            ]
+        status = Status.INCOMPLETE if e.missing else Status.FAIL
+        return [
+            result(
+                "gpu.inventory",
+                status,
+                str(e),
+                value=None,
+                unit="count",
+                threshold=want,
+                hint="load the NVIDIA driver (nvidia-smi must work) or reboot the node",
+            )
+        ]
+    n = len(gpus)
+    names = sorted({g.name for g in gpus})
+    odd = [g.name for g in gpus if ctx.profile.match and not any(m in g.name for m in ctx.profile.match)]
+    detail = f"{n} GPU(s): {', '.join(names) or 'none'}"
+    if n != want:
+        return [
+            result(
+                "gpu.inventory",
+                Status.FAIL,
+                f"{detail}; expected {want}",
+                value=n,
+                unit="count",
+                threshold=want,
+                hint="a GPU is missing (fallen off the bus?): reset or reboot, then reseat or replace",
+                data={"names": names},
+            )
+        ]
+    if odd:
+        return [
+            result(
+                "gpu.inventory",
+                Status.WARN,
+                f"{detail}; not {ctx.profile.name}: {odd[0]}",
+                value=n,
+                unit="count",
+                threshold=want,
+                hint="pass --profile for this hardware",
+            )
+        ]
+    return [result("gpu.inventory", Status.OK, detail, value=n, unit="count", threshold=want)]
+
+
+def _judge(ctx: Context, metric: str, value: float, what: str, problems: list[tuple[Status, str]]) -> None:
+    th = ctx.profile.threshold(metric)
+    if th is None:
+        return
+    st, limit = th.judge(value)
+    if st is not Status.OK:
+        problems.append((st, f"{what} {value:g} (limit {limit:g})"))
+
+
+@register("gpu.state", component="gpu", timeout_s=15, requires_gpu=True)
+def state(ctx: Context) -> list[CheckResult]:
+    """Per GPU: ECC volatile/aggregate, remapped rows (NVML call), throttle reasons, temperature, PCIe."""
+    try:
+        gpus = read_gpus()
+    except NvmlUnavailable as e:
+        return [result("gpu.state", Status.INCOMPLETE, str(e), hint="NVML is needed to read GPU state")]
+    out: list[CheckResult] = []
+    for g in gpus:
+        v, problems = g.values, []
+        if "ecc_volatile" in v:
+            _judge(
+                ctx, "gpu.ecc_uncorrected_volatile", v["ecc_volatile"], "volatile uncorrected ECC", problems
+            )
+        if "ecc_aggregate" in v:
+            _judge(
+                ctx,
+                "gpu.ecc_uncorrected_aggregate",
+                v["ecc_aggregate"],
+                "aggregate uncorrected ECC",
+                problems,
+            )
+        if "remapped" in v:
+            _corr, unc, pending, failed = v["remapped"]
+            if failed:
+                problems.append((Status.FAIL, "row remapping failed"))
+            elif pending:
+                problems.append((Status.WARN, "row remap pending (needs a GPU reset)"))
+            _judge(
+                ctx,
+                "gpu.remapped_rows_uncorrectable",
+                unc,
+                "rows remapped for uncorrectable errors",
+                problems,
+            )
+        for reason in throttle_names(int(v.get("throttle", 0))):
+            if reason in BAD_THROTTLE:
+                problems.append(
+                    (
+                        Status.FAIL if BAD_THROTTLE[reason] == "fail" else Status.WARN,
+                        f"clocks throttled: {reason}",
+                    )
+                )
+        if "temperature" in v:
+            _judge(ctx, "gpu.temperature", v["temperature"], "temperature C", problems)
+        if "pcie_gen" in v:
+            _judge(ctx, "gpu.pcie_gen", v["pcie_gen"], "PCIe max link gen", problems)
+        if "pcie_width" in v:
+            _judge(ctx, "gpu.pcie_width", v["pcie_width"], "PCIe link width", problems)
+        st = worst([p[0] for p in problems]) if problems else Status.OK
+        if st is Status.OK:
+            detail = (
+                f"{v.get('temperature', '?')} C, gen{v.get('pcie_gen', '?')} x{v.get('pcie_width', '?')}, "
+                f"SM {v.get('sm_clock', '?')}/{v.get('sm_clock_max', '?')} MHz"
+            )
+        else:
+            detail = "; ".join(p[1] for p in problems if p[0] is not Status.OK)
+        if g.unsupported:
+            detail += f" (not readable: {', '.join(sorted(set(g.unsupported)))})"
+        hint = (
+            (
+                "drain the node; reset the GPU (row remap pending) or replace it (ECC, remap failure, "
+                "link width, hardware slowdown)"
+            )
+            if st is not Status.OK
+            else ""
+        )
+        out.append(
+            result(
+                "gpu.state",
+                st,
+                detail,
+                value=len(problems),
+                unit="problems",
+                threshold=0,
+                device=f"gpu{g.index}",
+                hint=hint,
+                data={"pci": g.pci, **{k: (list(x) if isinstance(x, tuple) else x) for k, x in v.items()}},
+            )
+        )
+    return out or [result("gpu.state", Status.INCOMPLETE, "NVML reports no GPUs")]
+
+
+def kernel_log(ctx: Context) -> tuple[str | None, str]:
+    """(text, where) of the kernel log: plan ``kernel_log`` file or $GPUFLEET_KERNEL_LOG, else a command."""
+    f = ctx.param("kernel_log", ctx.env.get("GPUFLEET_KERNEL_LOG"))
+    if f:
+        try:
+            return Path(f).read_text(errors="replace"), str(f)
+        except OSError as e:
+            return None, f"cannot read {f}: {e.strerror}"
+    errors = []
+    for cmd in ctx.param("kernel_log_commands", ["dmesg", "journalctl -k -b --no-pager -q"]):
+        argv = shlex.split(cmd)
+        if shutil.which(argv[0]) is None:
+            errors.append(f"{argv[0]}: not found")
+            continue
+        try:
+            p = subprocess.run(
+                argv, capture_output=True, text=True, errors="replace", timeout=min(15.0, ctx.remaining())
+            )
+        except subprocess.TimeoutExpired:
+            errors.append(f"{argv[0]}: timed out")
+            continue
+        if p.returncode == 0:
+            return p.stdout, cmd
+        errors.append(f"{argv[0]}: exit {p.returncode} {p.stderr.strip()[:60]}")
+    return None, "; ".join(errors)
+
+
+@register("gpu.xid", component="gpu", timeout_s=20, requires_gpu=True)
+def xid(ctx: Context) -> list[CheckResult]:
+    """XID events in the kernel log, classified by the data table (data/xid.toml)."""
+    text, where = kernel_log(ctx)
+    if text is None:
+        return [
+            result(
+                "gpu.xid",
+                Status.INCOMPLETE,
+                f"no kernel log: {where}",
+                hint="run as root or with CAP_SYSLOG, or set kernel_log in the plan",
+            )
+        ]
+    events = parse_xids(text)
+    fatal, warns, apps = [], [], []
+    for e in events:
+        c = classify(e.code)
+        {"fatal": fatal, "warn": warns, "app": apps}[c.severity].append((e, c))
+    suspects = repeat_suspects(events)
+    lines = [f"xid {c.code} on {e.pci} ({c.name or 'unnamed'}): {c.action}" for e, c in fatal + warns]
+    lines += [f"xid 13/31 repeating on {pci} only: hardware suspect" for pci in suspects]
+    if fatal:
+        st = Status.FAIL
+    elif warns or suspects:
+        st = Status.WARN
+    else:
+        st = Status.OK
+    if not lines:
+        lines = [f"{len(apps)} application XID(s), no hardware XIDs" if apps else "no XIDs"]
+    data = {"source": where, "events": [{"pci": e.pci, "xid": e.code} for e in events[:50]]}
+    return [
+        result(
+            "gpu.xid",
+            st,
+            "; ".join(dict.fromkeys(lines)),
+            value=len(fatal),
+            unit="fatal XIDs",
+            threshold=0,
+            data=data,
+            hint="drain the node and follow the XID's action" if st is not Status.OK else "",
+        )
+    ]
