@@ -89,7 +89,7 @@ class LoadResult:
 
 
 def _is_warmup(plan: LoadPlan, idx: int, intended: float) -> bool:
-    return idx < plan.warmup_requests or intended < plan.warmup_s
+    return idx < plan.warmup_requests or (plan.warmup_s > 0 and intended < plan.warmup_s)
 
 
 async def _worker_async(
@@ -159,6 +159,7 @@ async def _worker_async(
                 tasks.add(t)
                 t.add_done_callback(done_cb)
         else:
+            await asyncio.sleep(max(0.0, t0 - perf()))
             share = (plan.concurrency or 1) // P + (1 if wid < (plan.concurrency or 1) % P else 0)
             next_idx = [wid]
             deadline = None if plan.duration_s is None else t0 + plan.duration_s
