@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
+import os
 import queue
 import signal
 import sys
@@ -201,12 +202,15 @@ async def _worker_async(
 
 
 def _run_loop(coro: Any) -> Any:
-    try:
-        import uvloop
+    """uvloop when installed and GPUFLEET_SERVE_LOOP is not 'asyncio'; the standard loop otherwise."""
+    if os.environ.get("GPUFLEET_SERVE_LOOP", "uvloop") != "asyncio":
+        try:
+            import uvloop
 
-        return uvloop.run(coro)
-    except ImportError:
-        return asyncio.run(coro)
+            return uvloop.run(coro)
+        except ImportError:
+            pass
+    return asyncio.run(coro)
 
 
 def _worker(plan: LoadPlan, wid: int, offsets: list[float] | None, counters: Any, start: Any,
