@@ -7,7 +7,7 @@ from gpufleet.core.errors import UsageError
 
 __all__ = ["Backend", "LaunchSpec", "Worker", "get_backend", "BACKENDS"]
 
-BACKENDS = ("local",)
+BACKENDS = ("local", "srun", "slurm")  # slurm: `gpufleet run` submits a batch job running srun
 
 
 def get_backend(name: str, **options: object) -> Backend:
@@ -16,4 +16,10 @@ def get_backend(name: str, **options: object) -> Backend:
         from gpufleet.backends.local import LocalBackend
 
         return LocalBackend(**options)  # type: ignore[arg-type]
+    if name == "srun":
+        from gpufleet.backends.srun import SrunBackend
+
+        return SrunBackend(**options)  # type: ignore[arg-type]
+    if name == "slurm":
+        raise UsageError("the slurm backend submits a batch job: use `gpufleet run --backend slurm ...`")
     raise UsageError(f"unknown backend {name!r}; valid backends: {', '.join(BACKENDS)}")

@@ -201,10 +201,14 @@ class SlurmActions:
         _record(node, "drained", reason, component=component, check=check, fleet=self.fleet)
         return True
 
-    def resume(self, node: str, why: str = "resumed by gpufleet") -> bool:
-        """Resume ``node`` only if gpufleet drained it (its reason carries the prefix)."""
+    def resume(self, node: str, why: str = "resumed by gpufleet", only_check: str | None = None) -> bool:
+        """Resume ``node`` only if gpufleet drained it (its reason carries the prefix).
+
+        ``only_check``: resume only drains made for that check (``gpufleet: <check>: ...``).
+        """
         info = node_info(node, self.timeout)
-        if not info.owned:
+        mine = info.owned and (only_check is None or info.reason.startswith(make_reason(only_check, "")))
+        if not mine:
             if info.drained or info.reason:
                 self._emit(SKIP_EV, node=node, action="resume", why=f"not ours: {info.reason}")
             return False
@@ -229,7 +233,10 @@ def _record(node: str, state: str, reason: str, *, component: str, check: str | 
 
 # ---------------------------------------------------------------- HealthCheckProgram body
 def healthcheck(node: str, command: list[str], timeout: float = 50.0) -> int:
-    """Run the check; drain on exit 1 (problem), resume an owned drain on 0, do nothing otherwise.
+    """Run the check; drain on exit 1 (problem), resume on 0, do nothing otherwise (undecided).
+
+    On a pass it resumes only nodes it drained itself (``gpufleet: health: ...``): a node the
+    supervisor isolated (``gpufleet: node-lost: ...``) waits for a deeper check or an operator.
 
     Slurm ignores the HealthCheckProgram's exit code, so the program acts itself. slurmd kills it
     after 60 s, hence the check's own 50 s timeout. Returns the check's exit code.
@@ -247,7 +254,7 @@ def healthcheck(node: str, command: list[str], timeout: float = 50.0) -> int:
         if rc == 1:
             actions.drain(node, "health", detail, component="unknown")
         elif rc == 0:
-            actions.resume(node, why="health check passed")
+            actions.resume(node, why="health check passed", only_check="health")
     except SlurmError as e:
         print(f"gpufleet: healthcheck on {node}: {e}", file=sys.stderr)
     return rc

@@ -80,11 +80,19 @@ class AttemptMonitor:
             for line in lines:
                 self._handle(key.data, line)
 
-    def _handle(self, rank: int, line: bytes) -> None:
+    @property
+    def expected_ranks(self) -> list[int]:
+        return [r for w in self.workers for r in _ranks(w)]
+
+    def _handle(self, channel_rank: int, line: bytes) -> None:
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:
             return
+        if not isinstance(rec, dict):
+            return
+        # A node agent's channel carries several ranks: each line names its rank (PipeSink adds it).
+        rank = int(rec.get("rank", channel_rank))
         ev = rec.get("ev")
         now = time.monotonic()
         if ev == "hb":
@@ -136,7 +144,7 @@ class AttemptMonitor:
         silent longest.
         """
         now = time.monotonic()
-        live = [w.rank for w in self.workers if w.proc.poll() is None]
+        live = [r for w in self.workers if w.proc.poll() is None for r in _ranks(w)]
         if not any(now - self.last_hb.get(r, self.started) > self.hang_timeout(r) for r in live):
             return None
 
@@ -150,3 +158,9 @@ class AttemptMonitor:
         culprit = min(live, key=behind)
         last = self.last_hb.get(culprit, self.started)
         return culprit, self.last_hb_wall.get(culprit, time.time() - (now - last))
+
+
+def _ranks(w: Worker) -> list[int]:
+    """The ranks behind one channel: a node agent's worker (``ranks``) carries several."""
+    ranks = getattr(w, "ranks", None)
+    return list(ranks) if ranks else [w.rank]

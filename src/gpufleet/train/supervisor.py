@@ -51,6 +51,7 @@ class SupervisorConfig:
     standby: bool = True
     progress: bool = False
     poll_s: float = 0.02
+    backend_options: dict[str, Any] = field(default_factory=dict)  # e.g. srun: nodes, min_nodes
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -85,6 +86,7 @@ class _Failure:
     signal: int | None = None
     happened_t: float | None = None
     detail: str = ""
+    node: str | None = None  # multi-node backends: the node whose agent failed
 
 
 def _free_port() -> int:
@@ -98,7 +100,7 @@ class Supervisor:
         self.cfg = config
         self.run_dir = Path(config.run_dir)
         self.session = uuid.uuid4().hex[:12]
-        self.backend = get_backend(config.backend, standby=config.standby)
+        self.backend = get_backend(config.backend, standby=config.standby, **config.backend_options)
         self._stop_signals = 0
         self.faults = list(config.faults)
         self.rollback = RollbackPlanner(
@@ -109,7 +111,9 @@ class Supervisor:
     def run(self) -> Outcome:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         ledger = Ledger(self.run_dir, session=self.session)
-        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        # SIGUSR1 too: Slurm's --signal=B:USR1@T asks for a final checkpoint before the time limit.
+        stops = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+        old = {s: signal.signal(s, self._on_signal) for s in stops}
         view = None
         if self.cfg.progress:
             from gpufleet.train.progress import LiveView
@@ -172,9 +176,14 @@ class Supervisor:
         while True:
             spec = self._spec(attempt)
             self.backend.prepare(spec)
-            workers = self.backend.start(spec)
+            workers = self.backend.start(spec)  # a multi-node backend sets spec.nnodes for this attempt
+            nodes = [w.node for w in workers if getattr(w, "node", None)]
             ledger.emit(
-                E.ATTEMPT_START, attempt=attempt, world_size=spec.world_size, pids=[w.pid for w in workers]
+                E.ATTEMPT_START,
+                attempt=attempt,
+                world_size=spec.world_size,
+                pids=[w.pid for w in workers],
+                **({"nodes": nodes} if nodes else {}),
             )
             mon = AttemptMonitor(workers, ledger, attempt, self.cfg.hang_timeout_floor, self.cfg.init_timeout)
             try:
@@ -195,6 +204,7 @@ class Supervisor:
                 happened_t=failure.happened_t,
                 detail=failure.detail,
                 attempt=attempt,
+                **({"node": failure.node} if failure.node else {}),
             )
             ledger.emit(
                 E.DETECTED,
@@ -206,6 +216,13 @@ class Supervisor:
             self.backend.stop(workers, self.cfg.grace_s)
             ledger.emit(E.TEARDOWN, attempt=attempt, teardown_s=round(time.monotonic() - t0, 4))
             self._drop_fired(mon.fired)
+            # Multi-node backends: find lost nodes, isolate them, and say whether enough remain.
+            after_failure = getattr(self.backend, "after_failure", None)
+            if after_failure is not None:
+                verdict = after_failure(workers, ledger, attempt)
+                if verdict is not None:
+                    ledger.emit(E.GIVE_UP, reason=verdict)
+                    return Outcome("nodes_lost", exitcodes.FAILED, restarts, str(self.run_dir))
             if view is not None:
                 view.failure(failure.cause, failure.rank, mon.step)
             # Breakers, in order of specificity.
@@ -245,7 +262,7 @@ class Supervisor:
             mon.pump(self.cfg.poll_s)
             if view is not None:
                 view.update(mon, restarts)
-            if not standby_ready and len(mon.ready) == len(mon.workers):
+            if not standby_ready and len(mon.ready) == len(mon.expected_ranks):
                 self.backend.prepare(spec)  # warm the next attempt's interpreters while this one trains
                 standby_ready = True
             codes = {w.rank: w.proc.poll() for w in mon.workers}
@@ -270,9 +287,11 @@ class Supervisor:
                 if c is None or c == 0:
                     continue
                 mon.pump(0.05)  # the worker's last words (inject / rollback events)
+                node = getattr(w, "node", None)
                 if c == exitcodes.WORKER_SPIKE:
                     return _Failure(
-                        "spike", w.rank, exit_code=c, happened_t=time.time(), detail="loss spike or NaN"
+                        "spike", w.rank, exit_code=c, happened_t=time.time(), detail="loss spike or NaN",
+                        node=node,
                     )
                 sig = -c if c < 0 else None
                 detail = f"killed by signal {sig}" if sig else f"exit code {c}"
@@ -283,6 +302,7 @@ class Supervisor:
                     signal=sig,
                     happened_t=time.time(),
                     detail=detail,
+                    node=node,
                 )
             hung = mon.hung_rank()
             if hung is not None:
