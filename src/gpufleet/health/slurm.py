@@ -176,6 +176,8 @@ class SlurmActions:
         if info.drained and not info.owned:
             self._emit(SKIP_EV, node=node, action="drain", why=f"drained by someone else: {info.reason}")
             return False
+        if info.drained:  # already isolated by gpufleet: nothing to do, and not a new hit
+            return True
         total = len(cluster_nodes(self.timeout))
         ok, hit = self.breaker.allows(node, total)
         if not ok:
