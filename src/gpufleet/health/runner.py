@@ -29,6 +29,19 @@ from gpufleet.health.results import CheckResult, Report, Status
 __all__ = ["default_node", "run_plan", "record_report", "fleet_peers", "apply_fleet_rule"]
 
 
+# Throughput checks compared with fleet peers; counts and free space are not.
+FLEET_RULE_CHECKS = frozenset(
+    {
+        "compute.matmul",
+        "memory.bandwidth",
+        "memory.h2d",
+        "collective.allreduce",
+        "storage.throughput",
+        "storage.checkpoint",
+    }
+)
+
+
 def default_node() -> str:
     return os.environ.get("GPUFLEET_NODE") or socket.gethostname().split(".")[0]
 
@@ -149,9 +162,9 @@ def fleet_peers(
 def apply_fleet_rule(report: Report, profile: Profile, peers: dict[tuple[str, str], list[float]]) -> None:
     """Mark results more than k MADs below their fleet peers (same check and device slot) as FAIL."""
     for r in report.results:
-        if r.value is None or r.status is Status.INCOMPLETE or r.threshold is None:
+        if r.value is None or r.status is Status.INCOMPLETE or r.check not in FLEET_RULE_CHECKS:
             continue
-        th = profile.threshold(_metric_of(r))
+        th = profile.threshold(metric_of(r))
         if th is None or th.fail_below is None:  # only "higher is better" metrics have a fleet rule
             continue
         vals = peers.get((r.check, str(r.device)), [])
@@ -165,8 +178,13 @@ def apply_fleet_rule(report: Report, profile: Profile, peers: dict[tuple[str, st
             r.data["relative"] = "fleet"
 
 
-def _metric_of(r: CheckResult) -> str:
+def metric_of(r: CheckResult) -> str:
     dev = str(r.device or "")
+    """The profile metric a result was judged by ("" when none)."""
+    if r.check == "host.resources":
+        return {"cpus": "host.cpus", "mem": "host.mem"}.get(dev, "host.free_disk")
+    if r.check == "host.clock":
+        return "host.clock_offset"
     if r.check == "storage.throughput":
         return "storage." + dev.rsplit(":", 1)[-1]
     if r.check == "memory.h2d":
