@@ -80,9 +80,14 @@ def test_crash_hang_nan_recover_bit_identical(tmp_path, reference):
     assert len(evs(tmp_path, "restart")) == 3
     hang = [e for e in evs(tmp_path, "failure") if e["cause"] == "hang"][0]
     assert hang["rank"] == 0  # the silent rank is blamed, not its blocked peer
-    # every restart resumed from a verified checkpoint, never from scratch
-    restores = evs(tmp_path, "restore")
-    assert [r["fresh"] for r in restores] == [True, False, False, False]
+    # Every restart resumed from the newest checkpoint committed before it. (Which ones committed
+    # depends on machine load: a save still persisting when a rank dies is rightly not used.)
+    events = read_events(tmp_path)
+    restores = [i for i, e in enumerate(events) if e["ev"] == "restore"]
+    assert len(restores) == 4 and events[restores[0]]["fresh"]
+    for i in restores[1:]:
+        committed = [e["step"] for e in events[:i] if e["ev"] == "ckpt_committed"]
+        assert events[i]["step"] == (max(committed) if committed else 0)
     assert final(tmp_path)["sha256"] == reference["sha256"]
     end = evs(tmp_path, "run_end")[-1]
     assert end["status"] == "completed" and end["restarts"] == 3
