@@ -1,3 +1,4 @@
+# ruff: noqa: E501
 """P4 goodput: measured goodput under failures at a set MTBF vs the Young–Daly analytic optimum.
 
 One fixed job (``--steps`` steps of the benchcommon MLP, 2 ranks, gloo) runs under ``gpufleet run``
@@ -205,7 +206,19 @@ def analyse(work: Path, policy: str, args: argparse.Namespace) -> dict[str, Any]
         "model_realised_M_ledger_uptime": models(m_real),
         "model_realised_M_effective_delta": models(m_steady, delta_eff),
         "interval_decisions": [
-            {k: d.get(k) for k in ("step", "model", "every_steps", "every_s", "delta_s", "mtbf_s", "mtbf_source", "persist_s")}
+            {
+                k: d.get(k)
+                for k in (
+                    "step",
+                    "model",
+                    "every_steps",
+                    "every_s",
+                    "delta_s",
+                    "mtbf_s",
+                    "mtbf_source",
+                    "persist_s",
+                )
+            }
             for d in decisions
         ],
     }
@@ -216,8 +229,24 @@ def render(res: dict[str, Any]) -> None:
     from rich.table import Table
 
     c = Console(width=160)
-    t = Table(title=f"P4 goodput: {res['config']['steps']} steps, 2 ranks, failures at MTBF {res['config']['mtbf_s']:.0f}s (seed {res['config']['seed']})")
-    for h in ("policy", "fail", "ckpts started/skipped", "τ s", "goodput full", "goodput steady", "model@τ", "optimum", "optimum (nominal M)", "steady ÷ optimum", "throughput", "optimum δ_eff", "thru ÷ opt δ_eff"):
+    t = Table(
+        title=f"P4 goodput: {res['config']['steps']} steps, 2 ranks, failures at MTBF {res['config']['mtbf_s']:.0f}s (seed {res['config']['seed']})"
+    )
+    for h in (
+        "policy",
+        "fail",
+        "ckpts started/skipped",
+        "τ s",
+        "goodput full",
+        "goodput steady",
+        "model@τ",
+        "optimum",
+        "optimum (nominal M)",
+        "steady ÷ optimum",
+        "throughput",
+        "optimum δ_eff",
+        "thru ÷ opt δ_eff",
+    ):
         t.add_column(h, justify="right")
     for r in res["policies"]:
         mr, mn = r["model_realised_M"] or {}, r["model_nominal_M"] or {}
@@ -248,10 +277,16 @@ def render(res: dict[str, Any]) -> None:
         f"restart R={m['restart_s']:.2f}s, step={m['step_s'] * 1e3:.0f} ms, realised MTBF={m['mtbf_realised_s'] or float('nan'):.1f}s; "
         f"persist interference {m['interference_per_ckpt_s'] * 1e3:.0f} ms/ckpt -> δ_eff={m['delta_effective_s'] * 1e3:.0f} ms"
     )
-    c.print("optimum / model@τ: first-order model at the measured δ, R, p and the MTBF realised in the steady window")
+    c.print(
+        "optimum / model@τ: first-order model at the measured δ, R, p and the MTBF realised in the steady window"
+    )
     g = res["auto_vs_optimum"]
     verdict = "[green]met[/]" if g is not None and g >= 0.95 else "[red]not met[/]"
-    c.print(f"auto steady goodput / analytic optimum (realised M) = {g:.3f} (goal >= 0.95): {verdict}" if g else "no ratio")
+    c.print(
+        f"auto steady goodput / analytic optimum (realised M) = {g:.3f} (goal >= 0.95): {verdict}"
+        if g
+        else "no ratio"
+    )
 
 
 def main() -> int:
@@ -260,7 +295,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--width", type=int, default=1024, help="MLP width (1024: ~38 MB model+AdamW)")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--policies", default="auto,1,200", help="--checkpoint-every values; the first is compared")
+    ap.add_argument(
+        "--policies", default="auto,1,200", help="--checkpoint-every values; the first is compared"
+    )
     ap.add_argument("--timeout", type=float, default=240.0, help="per policy run, seconds")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--out", default=str(RESULTS / "p4_goodput.json"))
@@ -299,7 +336,11 @@ def main() -> int:
             "first completed step); the same seeded draws for every policy",
             "kill_schedule_head": sched[:12],
         },
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_avg_end": os.getloadavg()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_avg_end": os.getloadavg(),
+        },
         "policies": rows,
         "auto_vs_optimum": first["goodput_steady"] / opt if opt else None,
         "auto_vs_optimum_nominal_M": first["goodput_steady"] / first["model_nominal_M"]["optimal_goodput"],

@@ -1,3 +1,4 @@
+# ruff: noqa: E501
 """P3 MTTR: crash of one of 2 ranks -> first completed step after restore.
 
 Three launchers, side by side in one run, the same model / data / checkpoint cadence / crash:
@@ -83,7 +84,9 @@ def one_trial(launcher: str, args: argparse.Namespace, root: Path, i: int) -> di
     t0 = time.time()
     with open(work / "log.txt", "wb") as log:
         try:
-            rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout).returncode
+            rc = subprocess.run(
+                cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout
+            ).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
     wall = time.time() - t0
@@ -181,7 +184,9 @@ def render(res: dict[str, Any]) -> None:
         )
     head = ["launcher", "ok", "MTTR s (median)", *SCRIPT_PHASES, "vs torchrun"]
     if Console is not None:
-        t = Table(title=f"P3 MTTR: crash of rank 1 of 2 -> first step after restore ({res['state_mb']:.0f} MB state)")
+        t = Table(
+            title=f"P3 MTTR: crash of rank 1 of 2 -> first step after restore ({res['state_mb']:.0f} MB state)"
+        )
         for h in head:
             t.add_column(h, justify="left" if h == "launcher" else "right")
         for r in rows:

@@ -11,11 +11,11 @@ import argparse
 import os
 import time
 
+import benchcommon as bc
 import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import benchcommon as bc
 import gpufleet
 
 

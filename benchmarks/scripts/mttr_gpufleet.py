@@ -13,11 +13,11 @@ T_PROC = time.time()  # before any import: a fresh interpreter pays for `import 
 import argparse  # noqa: E402
 import os  # noqa: E402
 
+import benchcommon as bc  # noqa: E402
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-import benchcommon as bc  # noqa: E402
 import gpufleet  # noqa: E402
 
 

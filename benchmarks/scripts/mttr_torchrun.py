@@ -14,14 +14,13 @@ import argparse  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
 
+import benchcommon as bc  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 import torch.nn as nn  # noqa: E402
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
-
-import benchcommon as bc  # noqa: E402
 
 
 def newest_committed(root: str) -> tuple[int, str] | None:
