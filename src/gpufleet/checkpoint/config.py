@@ -25,6 +25,7 @@ class CheckpointConfig:
     keep_last: int = 3
     keep_window_steps: int = 0
     io_threads: int = 4
+    direct_io: bool = True  # O_DIRECT shard writes where the filesystem supports it
 
     def __post_init__(self) -> None:
         if not isinstance(self.dir, str) or not self.dir.strip():
@@ -49,6 +50,8 @@ class CheckpointConfig:
             or not 1 <= self.io_threads <= 64
         ):
             raise ConfigError(f"io_threads must be an integer in 1..64, got {self.io_threads!r}")
+        if not isinstance(self.direct_io, bool):
+            raise ConfigError(f"direct_io must be true or false, got {self.direct_io!r}")
 
 
 @dataclass

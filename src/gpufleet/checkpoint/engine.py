@@ -193,7 +193,12 @@ class CheckpointEngine:
                     raise CheckpointError("staging failed on another rank")
             if job.stage.error is not None:
                 raise job.stage.error
-            writer = SummingWriter(tmp, thread_count=self.config.io_threads, fail=job.fault == "fail")
+            writer = SummingWriter(
+                tmp,
+                thread_count=self.config.io_threads,
+                fail=job.fault == "fail",
+                direct=self.config.direct_io,
+            )
             dcp.save(
                 job.stage.staged, storage_writer=writer, process_group=self.pg, no_dist=not self._distributed
             )

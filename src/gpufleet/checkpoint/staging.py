@@ -10,14 +10,18 @@ before ``stage`` returns. The caller must not mutate deferred tensors before ``w
 from __future__ import annotations
 
 import copy
+import mmap
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 __all__ = ["Stager", "StageJob"]
+
+_ALIGNED_MIN = 1 << 20  # CPU buffers at least this large are page-aligned mappings
 
 
 class StageJob:
@@ -74,7 +78,10 @@ class Stager:
         buf = self.buffers.get(key)
         if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
             pin = t.device.type != "cpu" and torch.cuda.is_available()
-            buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
+            if pin or t.nbytes < _ALIGNED_MIN:
+                buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
+            else:
+                buf = _page_aligned(t.shape, t.dtype, t.nbytes)
             self.buffers[key] = buf
         return buf
 
@@ -111,6 +118,21 @@ class Stager:
         job = StageJob(staged, pending, nbytes)
         job.start()
         return job
+
+
+def _page_aligned(shape: torch.Size, dtype: torch.dtype, nbytes: int) -> torch.Tensor:
+    """An uninitialised CPU tensor in its own anonymous mapping: page-aligned, so the writer can
+    hand it to O_DIRECT without a copy; transparent huge pages where the kernel allows them."""
+    mm = mmap.mmap(-1, nbytes)
+    if nbytes >= 2 << 20 and hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            mm.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # frombuffer warns about buffers it cannot prove writable
+        flat = torch.frombuffer(mm, dtype=torch.uint8)  # keeps ``mm`` alive as long as the tensor
+    return flat.view(dtype).view(shape)
 
 
 def _has_tensor(obj: Any) -> bool:
