@@ -43,6 +43,9 @@ def mock_command(
     empty_chunks: Annotated[
         int, typer.Option(help="Empty-content chunks before every token chunk (llama.cpp sends many).")
     ] = 0,
+    stream_usage: Annotated[
+        bool, typer.Option(help="Honour stream_options.include_usage (off: like llama.cpp).")
+    ] = True,
     fail_rate: Annotated[float, typer.Option(help="Fraction of requests that fail, spread evenly.")] = 0.0,
     fail_mode: Annotated[
         str, typer.Option(help="How they fail: 500, midstream (error event), disconnect, mixed.")
@@ -70,6 +73,7 @@ def mock_command(
         token_rule=token_rule,
         tokens_per_chunk=tokens_per_chunk,
         empty_chunks=empty_chunks,
+        stream_usage=stream_usage,
         fail_rate=fail_rate,
         fail_mode=fail_mode,
         seed=seed,

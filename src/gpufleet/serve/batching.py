@@ -97,6 +97,7 @@ class MockConfig:
     token_rule: str = "words"
     tokens_per_chunk: int = 1
     empty_chunks: int = 0
+    stream_usage: bool = True  # False: ignore stream_options.include_usage, like llama.cpp
     fail_rate: float = 0.0
     fail_mode: str = "500"
     seed: int = 0

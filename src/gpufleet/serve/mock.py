@@ -305,7 +305,7 @@ class _Emitter:
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-mock-{index}"
         self.created = int(time.time())
         opts = body.get("stream_options")
-        self.include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
+        self.include_usage = cfg.stream_usage and isinstance(opts, dict) and bool(opts.get("include_usage"))
         total = prompt_tokens + n
         self.usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": total}
         self._object = "chat.completion.chunk" if chat else "text_completion"
