@@ -38,6 +38,7 @@ class AttemptMonitor:
     loss: float | None = None
     ready: set[int] = field(default_factory=set)
     spike_step: int | None = None
+    spike_t: float | None = None  # wall time the loss guard fired (the failure's true start)
     fired: list[dict[str, Any]] = field(default_factory=list)
     committed_step: int = -1
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=200))
@@ -116,6 +117,7 @@ class AttemptMonitor:
                 self.step_times.append(float(rec["dt"]))
         elif ev == E.SPIKE:
             self.spike_step = int(rec["step"])
+            self.spike_t = float(rec.get("t", time.time()))
         elif ev == E.INJECT:
             self.fired.append(rec)
         elif ev == E.CKPT_COMMITTED:
@@ -124,6 +126,13 @@ class AttemptMonitor:
             rec["attempt"] = self.attempt
             rec.setdefault("rank", rank)
             self.ledger.emit(rec.pop("ev"), **rec)
+
+    def injected_at(self, rank: int, kind: str) -> float | None:
+        """Wall time a drill fault of ``kind`` fired on ``rank`` in this attempt (when it really failed)."""
+        times = [
+            float(r["t"]) for r in self.fired if r.get("kind") == kind and r.get("rank") == rank and "t" in r
+        ]
+        return max(times) if times else None
 
     def hang_timeout(self, rank: int) -> float:
         """Auto-calibrated: ``multiplier`` x the slow tail of observed step times, never below the floor."""

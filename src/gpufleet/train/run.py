@@ -124,14 +124,22 @@ class Run:
         return self._engine
 
     def _mtbf_estimate(self) -> tuple[float | None, str]:
-        """M for the auto interval: this run directory's failure history, else the configured value."""
+        """M for the auto interval, from this run directory's failure history and the configured value.
+
+        A configured M acts as one pseudo-failure observed over M seconds (a conjugate prior), so a
+        single early failure does not swing the interval: M = (uptime + M_cfg) / (failures + 1).
+        """
         configured = self.settings.mtbf_s
         if not self.is_main or self.settings.checkpoint_every != "auto":
             return configured, "configured"
-        from gpufleet.reliability.metrics import mtbf_history
+        from gpufleet.reliability.metrics import mtbf
 
-        history = mtbf_history(read_events(self.run_dir), configured=None)
-        return (history, "history") if history is not None else (configured, "configured")
+        _, uptime, failures = mtbf(read_events(self.run_dir))
+        if failures == 0:
+            return configured, "configured"
+        if configured is None:
+            return (uptime / failures if uptime > 0 else None), "history"
+        return (uptime + configured) / (failures + 1), "history+configured"
 
     def _internal_state(self) -> dict[str, Any]:
         return {"guard": self._guard.state_dict(), "skips": self._skips}
@@ -165,7 +173,7 @@ class Run:
                 fresh=False,
                 path=result.path,
                 source=result.source,
-                load_s=round(result.load_s, 4),
+                load_s=round(time.monotonic() - t0, 4),  # read + verify + apply: all of it blocks the restart
             )
         self._last_saved_step = self._start
         self.step = self._start
@@ -286,7 +294,7 @@ class Run:
         self.sink.emit(E.STEP, **fields)
         decision = self._policy.observe(step_s=dt - self._stall, **self._engine_observations())
         if decision:
-            self.sink.emit(E.INTERVAL, **decision)
+            self.sink.emit(E.INTERVAL, step=step, **decision)
 
     def _engine_observations(self) -> dict[str, float]:
         obs = dict(self._ckpt_obs)  # the observing sink holds this very dict: copy, then clear in place

@@ -262,8 +262,10 @@ class Supervisor:
             mon.pump(self.cfg.poll_s)
             if view is not None:
                 view.update(mon, restarts)
-            if not standby_ready and len(mon.ready) == len(mon.expected_ranks):
-                self.backend.prepare(spec)  # warm the next attempt's interpreters while this one trains
+            if not standby_ready and mon.step_times:
+                # Warm the next attempt's interpreters once this one is training: earlier, their
+                # `import torch` would compete for CPU with this attempt's start-up and restore.
+                self.backend.prepare(spec)
                 standby_ready = True
             codes = {w.rank: w.proc.poll() for w in mon.workers}
             if self._stop_signals and stopping_since is None:
@@ -290,7 +292,11 @@ class Supervisor:
                 node = getattr(w, "node", None)
                 if c == exitcodes.WORKER_SPIKE:
                     return _Failure(
-                        "spike", w.rank, exit_code=c, happened_t=time.time(), detail="loss spike or NaN",
+                        "spike",
+                        w.rank,
+                        exit_code=c,
+                        happened_t=mon.spike_t or time.time(),
+                        detail="loss spike or NaN",
                         node=node,
                     )
                 sig = -c if c < 0 else None
@@ -300,7 +306,7 @@ class Supervisor:
                     w.rank,
                     exit_code=None if sig else c,
                     signal=sig,
-                    happened_t=time.time(),
+                    happened_t=mon.injected_at(w.rank, "kill") or time.time(),
                     detail=detail,
                     node=node,
                 )
