@@ -328,8 +328,10 @@ def pack(workloads: Sequence[Workload], fleet: Sequence[Domain], *, anti_affinit
     if not cands:
         raise PackError(f"no placement found within the {time_limit:g}s time limit and first-fit found "
                         "none either; raise --time-limit")
-    cost, assign, method = min(cands, key=lambda x: (x[0], x[2] != "cp-sat"))
+    cost, assign, method = min(cands, key=lambda x: (x[0], x[2] == "cp-sat"))  # CP-SAT only if cheaper
     if method == "ffd":
         notes.append("using the first-fit-decreasing placement (fallback)")
+    if cost <= bound + 1e-9:
+        notes.append("its cost equals the lower bound: optimal in cost (fragmentation tie-break unproven)")
     return PackResult(fleet, wls, items, assign, method, "FEASIBLE", cost, bound, elapsed, f_cost, info,
                       params, notes)
