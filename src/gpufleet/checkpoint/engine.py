@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from gpufleet.checkpoint import remote
+from gpufleet.checkpoint import remote, restore
 from gpufleet.checkpoint.config import CheckpointConfig, CheckpointInfo, LoadResult
 from gpufleet.checkpoint.failures import failure_reason, flip_byte
 from gpufleet.checkpoint.manifest import (
@@ -34,13 +34,14 @@ from gpufleet.checkpoint.manifest import (
     step_dirname,
     write_manifest,
 )
-from gpufleet.checkpoint.reader import FastReader
+from gpufleet.checkpoint.onepass import ScratchPool
+from gpufleet.checkpoint.reader import FastReader, MemReader
 from gpufleet.checkpoint.retention import select_deletions
 from gpufleet.checkpoint.staging import StageJob, Stager
-from gpufleet.checkpoint.verify import hash_file, verify_dir
+from gpufleet.checkpoint.verify import hash_file
 from gpufleet.checkpoint.writer import SummingWriter
 from gpufleet.core import events as E
-from gpufleet.core.errors import CheckpointError, ConfigError, StorageError
+from gpufleet.core.errors import CheckpointError, ConfigError
 from gpufleet.core.ledger import EventSink
 
 __all__ = ["CheckpointEngine"]
@@ -95,6 +96,7 @@ class CheckpointEngine:
                 self.pg = dist.new_group(backend="gloo")
             self._ctl = dist.new_group(backend="gloo")
         self._stager = Stager()
+        self._pool = ScratchPool()  # restore scratch, reused across loads
         self._lock = threading.Lock()
         self._job: _Job | None = None
         self._error: str | None = None
@@ -327,12 +329,18 @@ class CheckpointEngine:
         return out
 
     def load(self, state_dict: dict[str, Any], *, max_step: int | None = None) -> LoadResult | None:
-        """Load the newest verified checkpoint (step <= max_step) into ``state_dict``; None if none."""
+        """Load the newest verified checkpoint (step <= max_step) into ``state_dict``; None if none.
+
+        Single process: one pass (each file read once, hashed while read, copied into the tensors
+        only after every file verified). Several ranks: rank 0 verifies, then every rank reads."""
         self._join()
         t0 = time.perf_counter()
         choice: tuple[int, str, str, dict[str, Any]] | None = None
-        if self.rank == 0:
-            choice = self._choose(max_step)  # S3 downloads happen here, outside any collective
+        loaded = None
+        if self.rank == 0:  # S3 downloads happen in here, outside any collective
+            found = restore.choose(self, max_step, None if self._distributed else state_dict)
+            if found is not None:
+                choice, loaded = found[:4], found[4]
         if self._distributed:
             box = [choice]
             dist.broadcast_object_list(box, src=0, group=self.pg)
@@ -340,12 +348,13 @@ class CheckpointEngine:
         if choice is None:
             return None
         step, path, source, meta = choice
-        dcp.load(
-            state_dict,
-            storage_reader=FastReader(path, threads=self.config.io_threads),
-            process_group=self.pg,
-            no_dist=not self._distributed,
-        )
+        threads = self.config.io_threads
+        reader = FastReader(path, threads=threads) if loaded is None else MemReader(path, loaded, threads=2)
+        try:
+            dcp.load(state_dict, storage_reader=reader, process_group=self.pg, no_dist=not self._distributed)
+        finally:
+            if loaded is not None:
+                loaded.release()
         self._newest_verified = step
         return LoadResult(
             step=step,
@@ -355,44 +364,6 @@ class CheckpointEngine:
             load_s=time.perf_counter() - t0,
             state_dict=state_dict,
         )
-
-    def _choose(self, max_step: int | None) -> tuple[int, str, str, dict[str, Any]] | None:
-        local = {m.step: p for p, m in list_committed(self.root)}
-        remote_steps = remote.list_steps(self.config) if self.config.upload_url else {}
-        for step in sorted(set(local) | set(remote_steps), reverse=True):
-            if max_step is not None and step > max_step:
-                continue
-            candidates: list[tuple[str, Callable[[], Path]]] = []
-            if step in local:
-                candidates.append(("local", lambda p=local[step]: p))
-            if step in remote_steps:
-                candidates.append(
-                    ("s3", lambda s=step: remote.download(self.config, remote_steps[s], self.root))
-                )
-            for source, get in candidates:
-                t0 = time.perf_counter()
-                try:
-                    path = get()
-                except (StorageError, OSError) as e:  # this copy is unusable: try the next candidate
-                    self._emit(
-                        E.RESTORE_REJECTED,
-                        path=remote.url_for(self.config, step_dirname(step)),
-                        step=step,
-                        reason=f"download failed: {failure_reason(e)}",
-                    )
-                    continue
-                m, reason = verify_dir(path, self.config.io_threads)
-                if reason is None and m is not None:
-                    self._emit(
-                        E.CKPT_VERIFIED,
-                        step=step,
-                        path=str(path),
-                        verify_s=round(time.perf_counter() - t0, 6),
-                        source=source,
-                    )
-                    return step, str(path), source, m.meta
-                self._emit(E.RESTORE_REJECTED, path=str(path), step=step, reason=reason)
-        return None
 
     def close(self) -> None:
         """Finish the in-flight checkpoint (errors were already reported as CKPT_FAILED)."""

@@ -10,10 +10,13 @@ one copy, no allocation. Anything else takes DCP's torch.load path. Items are re
 
 from __future__ import annotations
 
+import bisect
 import io
 import os
 import struct
+import warnings
 import zipfile
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -21,10 +24,11 @@ from typing import Any
 import torch
 from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 from torch.futures import Future
 
-__all__ = ["FastReader"]
+__all__ = ["FastReader", "MemReader"]
 
 
 def _read_exact(f: Any, offset: int, length: int) -> bytearray:
@@ -167,6 +171,121 @@ class FastReader(FileSystemReader):
         with ThreadPoolExecutor(max_workers=workers) as pool:
             for fut in [pool.submit(one_file, rel, reqs) for rel, reqs in per_file.items()]:
                 fut.result()
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
+
+
+class _SegFile:
+    """A read-only file over in-memory pieces ``[(file offset, memoryview), ...]`` (file order)."""
+
+    def __init__(self, segs: list[tuple[int, memoryview]], size: int) -> None:
+        self._segs, self._size, self._pos = segs, size, 0
+        self._starts = [off for off, _ in segs]
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        self._pos = {0: 0, 1: self._pos, 2: self._size}[whence] + pos
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def pieces(self, start: int, n: int) -> Iterator[memoryview]:
+        """The in-memory pieces covering [start, start + n), in order."""
+        i = max(0, bisect.bisect_right(self._starts, start) - 1)
+        end = min(start + n, self._size)
+        while i < len(self._segs) and start < end:
+            off, view = self._segs[i]
+            lo, hi = max(start, off), min(end, off + view.nbytes)
+            if lo < hi:
+                yield view[lo - off : hi - off]
+            i += 1
+
+    def readinto(self, b: Any) -> int:
+        out = memoryview(b).cast("B")
+        got = 0
+        for piece in self.pieces(self._pos, out.nbytes):
+            out[got : got + piece.nbytes] = piece
+            got += piece.nbytes
+        self._pos += got
+        return got
+
+    def read(self, n: int = -1) -> bytes:
+        n = self._size - self._pos if n < 0 else min(n, self._size - self._pos)
+        buf = bytearray(max(0, n))
+        k = self.readinto(buf)
+        return bytes(buf[:k])
+
+
+class MemReader(FastReader):
+    """Loads a checkpoint that ``onepass.read_verified`` already read and verified, from memory.
+
+    Same item handling as FastReader (whole same-dtype tensors are copied straight into the
+    destination; everything else, e.g. resharded chunks or dtype changes, goes through torch.load
+    and DCP's narrow/copy), with the files' bytes served from the verified in-memory pieces.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], loaded: Any, threads: int = 2) -> None:
+        super().__init__(path, threads=threads)
+        self._loaded = loaded
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        metadata = self._loaded.metadata
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        jobs: list[tuple[Any, Any]] = []
+        for req in plan.items:
+            md = self.storage_data[req.storage_index]
+            if md.transform_descriptors:
+                return FileSystemReader.read_data(self, plan, planner)  # stream transforms: DCP's path
+            jobs.append((req, md))
+        # Big copies first so the pool ends with the small ones.
+        jobs.sort(key=lambda j: -j[1].length)
+
+        def one(job: tuple[Any, Any]) -> None:
+            req, md = job
+            src = self._loaded.files[md.relative_path]
+            f = _SegFile(src.segs, src.size)
+            if req.type != LoadItemType.BYTE_IO:
+                target = self._direct_target(req, planner)
+                span = _raw_data_span(f, md.offset, md.length) if target is not None else None
+                if target is not None and span is not None and span[1] == target.nbytes:
+                    dst = target.reshape(-1).view(torch.uint8)
+                    done = 0
+                    for piece in f.pieces(span[0], span[1]):
+                        n = piece.nbytes
+                        dst[done : done + n].copy_(torch.frombuffer(piece, dtype=torch.uint8))
+                        done += n
+                    if done != span[1]:
+                        raise OSError(f"{req.storage_index.fqn}: {done} of {span[1]} bytes in memory")
+                    planner.commit_tensor(req, target)
+                    return
+            f.seek(md.offset)
+            data = f.read(md.length)
+            if req.type == LoadItemType.BYTE_IO:
+                planner.load_bytes(req, io.BytesIO(data))
+                return
+            tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+            del data
+            tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
+            target = planner.resolve_tensor(req).detach()
+            if target.size() != tensor.size():
+                raise ValueError(
+                    f"{req.storage_index.fqn}: size {tuple(tensor.size())} in checkpoint, "
+                    f"{tuple(target.size())} in the state dict"
+                )
+            target.copy_(tensor)
+            planner.commit_tensor(req, target)
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # frombuffer on pieces of our own mappings
+            with ThreadPoolExecutor(max_workers=max(1, self.threads)) as pool:
+                for fut in [pool.submit(one, j) for j in jobs]:
+                    fut.result()
         done: Future[None] = Future()
         done.set_result(None)
         return done

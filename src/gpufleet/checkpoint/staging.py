@@ -74,6 +74,10 @@ class Stager:
     def __init__(self) -> None:
         self.buffers: dict[str, torch.Tensor] = {}
 
+    def buffer_for(self, key: str, t: torch.Tensor) -> torch.Tensor:
+        """The staging buffer the next ``stage`` would copy ``t`` (at ``key``) into."""
+        return self._buffer(key, t)
+
     def _buffer(self, key: str, t: torch.Tensor) -> torch.Tensor:
         buf = self.buffers.get(key)
         if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
