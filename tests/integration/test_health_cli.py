@@ -52,7 +52,9 @@ def test_quick_plan_on_cpu_json_and_ledger(fleet):
     # (a correct FAIL of the relative check), so this test checks the contract, not the verdict.
     assert p.returncode in (0, 1), p.stdout + p.stderr
     rep = json.loads(p.stdout)
-    assert rep["schema"] == "gpufleet.health/1" and rep["profile"] == "CPU" and rep["exit_code"] == p.returncode
+    assert (
+        rep["schema"] == "gpufleet.health/1" and rep["profile"] == "CPU" and rep["exit_code"] == p.returncode
+    )
     assert (rep["counts"]["FAIL"] > 0) == (p.returncode == 1) and rep["counts"]["INCOMPLETE"] == 0
     assert {"host.resources", "compute.matmul", "memory.bandwidth", "storage.throughput"} <= {
         r["check"] for r in rep["results"]
