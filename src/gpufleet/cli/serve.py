@@ -279,3 +279,4 @@ def _register_mock() -> None:
 
 _register_mock()
 from gpufleet.cli import serve_pack; serve_pack.register(app)  # noqa: E402, E702, I001
+from gpufleet.cli import serve_plan; serve_plan.register(app)  # noqa: E402, E702, I001

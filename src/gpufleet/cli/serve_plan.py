@@ -1,0 +1,332 @@
+"""``gpufleet serve profile`` and ``gpufleet serve plan`` (docs/serve-plan.md).
+
+``register(app)`` adds both to the ``serve`` group. Thin: parse flags (bad values are one-line
+UsageErrors, exit 2), call :mod:`gpufleet.serve.profile` / :mod:`gpufleet.serve.planner`, render.
+numpy, the simulator and matplotlib load inside the commands.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from gpufleet.core.errors import UsageError
+
+__all__ = ["register", "profile_command", "plan_command", "parse_plan_slo"]
+
+Opt = typer.Option
+EXIT_INFEASIBLE = 1
+
+
+def register(app: typer.Typer) -> None:
+    app.command("profile")(profile_command)
+    app.command("plan")(plan_command)
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"{what}: expected comma-separated integers, got {text!r}") from None
+    if not vals or any(v < 1 for v in vals):
+        raise UsageError(f"{what}: values must be integers >= 1 (got {text!r})")
+    return vals
+
+
+def profile_command(
+    url: Annotated[
+        str | None, Opt("--url", help="Measure this OpenAI-compatible server (sweeps via serve bench).")
+    ] = None,
+    from_table: Annotated[
+        Path | None, Opt("--from-table", help="CSV: phase,tp,batch,input_len,context,time_ms.")
+    ] = None,
+    out: Annotated[Path, Opt("--out", help="Profile file to write.")] = Path("profile.json"),
+    model: Annotated[
+        str | None, Opt("--model", help="Model name (default: from the server, or 'model').")
+    ] = None,
+    hardware: Annotated[
+        str, Opt("--hardware", help="Hardware label, e.g. H100-80G or cpu-2core.")
+    ] = "unknown",
+    tp: Annotated[int, Opt("--tp", help="TP size of the measured server.")] = 1,
+    inputs: Annotated[str, Opt("--inputs", help="Prefill sweep: input lengths.")] = "32,64,128,192",
+    decode_inputs: Annotated[str, Opt("--decode-inputs", help="Decode sweep: input lengths.")] = "32,160",
+    output: Annotated[int, Opt("--output", help="Decode sweep: output tokens per request.")] = 32,
+    concurrency: Annotated[str, Opt("--concurrency", help="Decode sweep: concurrency levels.")] = "1,2,4,8",
+    requests: Annotated[int, Opt("--requests", help="Requests per sweep level.")] = 4,
+    max_batch: Annotated[
+        int | None, Opt("--max-batch", help="Engine batch limit (default: detected/256).")
+    ] = None,
+    kv_capacity: Annotated[
+        int, Opt("--kv-capacity", help="KV-cache tokens per instance (0: unlimited).")
+    ] = 0,
+    kv_bytes_per_token: Annotated[float, Opt("--kv-bytes-per-token", help="For the P->D KV transfer.")] = 0.0,
+    runs_dir: Annotated[
+        Path | None, Opt("--runs-dir", help="Keep each sweep level's bench files here.")
+    ] = None,
+    list_examples: Annotated[bool, Opt("--list", help="List the shipped example profiles.")] = False,
+) -> None:
+    """Fit latency models (prefill a + b·ΣL + c·ΣL²; decode a + b·Σctx + c·batch) for one model/GPU/TP."""
+    from gpufleet.serve import profile as pm
+
+    if list_examples:
+        for name in pm.example_profiles():
+            p = pm.load_profile(name)
+            typer.echo(f"{name}: {p.model} on {p.hardware}, TP {sorted(p.tps)} ({p.source}): {p.source_note}")
+        return
+    if (url is None) == (from_table is None):
+        raise UsageError("give exactly one of --url (measure a server) or --from-table FILE")
+    if tp < 1 or requests < 1 or output < 2 or kv_capacity < 0 or kv_bytes_per_token < 0:
+        raise UsageError("--tp, --requests must be >= 1, --output >= 2, --kv-* >= 0")
+    if from_table is not None:
+        prof = pm.profile_from_table(
+            from_table, model or "model", hardware, max_batch or 256, kv_capacity, kv_bytes_per_token
+        )
+    else:
+        assert url is not None
+        from gpufleet.serve.bench import detect_model
+
+        name = model or detect_model(url)[0] or "model"
+        pre, dec, mb = pm.measure(
+            url,
+            name,
+            inputs=_ints(inputs, "--inputs"),
+            decode_inputs=_ints(decode_inputs, "--decode-inputs"),
+            output=output,
+            concurrency=_ints(concurrency, "--concurrency"),
+            requests=requests,
+            out=runs_dir,
+            log=lambda m: typer.echo(m, err=True),
+        )
+        if len(pre) < 2 or len(dec) < 2:
+            raise UsageError(f"too few successful requests to fit ({len(pre)} prefill, {len(dec)} decode)")
+        pc, pi = pm.fit_prefill(pre)
+        dc, di = pm.fit_decode(dec)
+        prof = pm.Profile(
+            name,
+            hardware,
+            "measured",
+            f"measured with gpufleet serve profile --url {url}",
+            {tp: pm.TpProfile(tp, pc, dc, max_batch or mb, kv_capacity, 8192, {"prefill": pi, "decode": di})},
+            kv_bytes_per_token,
+        )
+    prof.save(out)
+    for t in prof.tps.values():
+        typer.echo(
+            f"TP{t.tp}: prefill ms = {t.prefill.a:.4g} + {t.prefill.b:.4g}·ΣL + {t.prefill.c:.4g}·ΣL² "
+            f"(R² {t.fit.get('prefill', {}).get('r2', '-')}); decode ms = {t.decode.a:.4g} + "
+            f"{t.decode.b:.4g}·Σctx + {t.decode.c:.4g}·batch (R² {t.fit.get('decode', {}).get('r2', '-')}); "
+            f"max_batch {t.max_batch}"
+        )
+    typer.echo(f"profile: {out}")
+
+
+def parse_plan_slo(text: str, attainment: float) -> tuple[Any, dict[str, str]]:
+    """``ttft_p90=500ms,tpot_p90=50ms`` (``ttft=`` means p90) → (Slo, {metric: original key})."""
+    from gpufleet.serve.sim import Slo
+    from gpufleet.serve.slo import parse_duration
+
+    if not 0 < attainment <= 1:
+        raise UsageError(f"--attainment must be in (0, 1] (got {attainment:g})")
+    limits: dict[str, tuple[float, float]] = {}
+    keys: dict[str, str] = {}
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        k, sep, v = item.partition("=")
+        metric, _, pct = k.strip().lower().partition("_p")
+        if not sep or metric not in ("ttft", "tpot"):
+            raise UsageError(f"--slo: expected ttft_pNN=<time> or tpot_pNN=<time>, got {item!r}")
+        try:
+            q = float(pct) if pct else 90.0
+        except ValueError:
+            raise UsageError(f"--slo: bad percentile in {k!r}") from None
+        if not 0 < q < 100:
+            raise UsageError(f"--slo: percentile must be in (0, 100) in {k!r}")
+        limits[metric] = (q, parse_duration(v.strip(), f"--slo {k}"))
+        keys[metric] = f"{metric}_p{q:g}_ms"
+    if not limits:
+        raise UsageError("--slo needs at least one of ttft_p90=..., tpot_p90=...")
+    return Slo(limits, attainment), keys
+
+
+def _domain(gpus_per_node: int | None, rack: str | None) -> dict[str, Any]:
+    from gpufleet.serve.launch import RACKS
+
+    if rack is not None and gpus_per_node is not None:
+        raise UsageError("give --gpus-per-node or --rack, not both")
+    if rack is not None:
+        if rack.lower() not in RACKS:
+            raise UsageError(f"unknown rack {rack!r} (choose {', '.join(RACKS)})")
+        return {
+            "kind": "rack" if rack.lower() != "node8" else "node",
+            "gpus": RACKS[rack.lower()],
+            "name": rack.lower(),
+        }
+    g = 8 if gpus_per_node is None else gpus_per_node
+    if g < 1:
+        raise UsageError(f"--gpus-per-node must be >= 1 (got {g})")
+    return {"kind": "node", "gpus": g, "name": f"node{g}"}
+
+
+def _fmt_pct(d: dict[str, float]) -> str:
+    return " ".join(f"{k} {v:.0f}" if v >= 10 else f"{k} {v:.2f}" for k, v in d.items())
+
+
+def plan_command(
+    profile: Annotated[
+        str, Opt("--profile", help="Profile file, or a shipped example name (serve profile --list).")
+    ],
+    traffic: Annotated[
+        str | None,
+        Opt(
+            "--traffic",
+            help="rate=12;in=lognormal:512,0.6;out=fixed:128;cv=1, a .json, or a Mooncake .jsonl.",
+        ),
+    ] = None,
+    slo: Annotated[str, Opt("--slo", help="ttft_p90=500ms,tpot_p90=50ms")] = "ttft_p90=500ms,tpot_p90=50ms",
+    attainment: Annotated[float, Opt("--attainment", help="Share of requests meeting every limit.")] = 0.9,
+    gpus_per_node: Annotated[
+        int | None, Opt("--gpus-per-node", help="NVLink domain = one node of N GPUs (default 8).")
+    ] = None,
+    rack: Annotated[str | None, Opt("--rack", help="NVLink domain = one rack: nvl72, nvl36.")] = None,
+    price: Annotated[
+        float | None, Opt("--price-per-gpu-hour", help="Report cost; choose the lowest cost.")
+    ] = None,
+    kv_gbps: Annotated[float, Opt("--kv-gbps", help="P->D KV-cache transfer bandwidth, GB/s.")] = 100.0,
+    mode: Annotated[str, Opt("--mode", help="both | aggregated | disaggregated")] = "both",
+    rate: Annotated[float | None, Opt("--rate", help="Override the traffic's rate (req/s).")] = None,
+    name: Annotated[str | None, Opt("--name", help="Workload name in plan.json.")] = None,
+    out: Annotated[
+        Path | None, Opt("--out", help="Folder for plan.json, candidates.json, pareto.png.")
+    ] = None,
+    sim_requests: Annotated[
+        int, Opt("--sim-requests", help="Requests per single-instance simulation.")
+    ] = 1500,
+    max_gpus: Annotated[int, Opt("--max-gpus", help="Largest deployment considered.")] = 1024,
+    replan_flag: Annotated[
+        bool, Opt("--replan", help="Re-plan a running deployment for a new window.")
+    ] = False,
+    current: Annotated[Path | None, Opt("--current", help="--replan: the current plan.json.")] = None,
+    window: Annotated[
+        str | None, Opt("--window", help="--replan: the observed traffic (spec or trace).")
+    ] = None,
+    as_json: Annotated[bool, Opt("--json", help="Print the plan (or replan) as JSON.")] = False,
+    seed: Annotated[int, Opt("--seed")] = 0,
+) -> None:
+    """Plan GPUs for a traffic pattern and SLO: aggregated vs disaggregated P/D, TP, batch, replicas."""
+    from gpufleet.serve import launch as lm
+    from gpufleet.serve import planner as pl
+    from gpufleet.serve.profile import load_profile
+    from gpufleet.serve.traffic import load_traffic
+
+    if price is not None and not (math.isfinite(price) and price >= 0):
+        raise UsageError(f"--price-per-gpu-hour must be >= 0 (got {price:g})")
+    if not kv_gbps > 0 or sim_requests < 100 or max_gpus < 1:
+        raise UsageError("--kv-gbps must be > 0, --sim-requests >= 100, --max-gpus >= 1")
+    modes = {
+        "both": ("aggregated", "disaggregated"),
+        "aggregated": ("aggregated",),
+        "disaggregated": ("disaggregated",),
+    }.get(mode)
+    if modes is None:
+        raise UsageError(f"--mode must be both, aggregated or disaggregated (got {mode!r})")
+    dom = _domain(gpus_per_node, rack)
+    slo_obj, keys = parse_plan_slo(slo, attainment)
+    prof = load_profile(profile)
+    opts = pl.PlanOptions(slo_obj, dom["gpus"], price, kv_gbps, sim_requests, max_gpus, modes, seed)
+    if replan_flag:
+        if current is None or window is None:
+            raise UsageError("--replan needs --current PLAN.json and --window TRAFFIC")
+        cur, _ = lm.candidate_from_plan(current)
+        for t in {cur.tp, cur.p_tp, cur.d_tp} - {0}:
+            if t not in prof.tps:
+                raise UsageError(f"the profile has no TP{t} entry needed by {current.name}")
+        res = pl.replan(cur, prof, load_traffic(window, rate), opts)
+        typer.echo(
+            json.dumps(res, indent=2)
+            if as_json
+            else f"{res['action']}: now {res['current']} (attainment {res['attainment_now']:.1%}) -> "
+            f"{res['proposed']} ({res['proposed_gpus']} GPUs)"
+        )
+        return
+    if traffic is None:
+        raise UsageError("--traffic is required (rate=..;in=..;out=..;cv=.., a .json or a Mooncake .jsonl)")
+    tr = load_traffic(traffic, rate)
+    result = pl.plan(prof, tr, opts)
+    workload = name or (Path(traffic).stem if traffic.endswith((".json", ".jsonl")) else "workload")
+    doc = lm.plan_document(result, prof, tr, opts, workload, dom, keys)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "plan.json").write_text(json.dumps(doc, indent=2) + "\n")
+        (out / "candidates.json").write_text(
+            json.dumps(
+                [
+                    {
+                        "label": c.label(),
+                        "config": c.config(),
+                        "feasible": c.feasible,
+                        "unit_rate": c.unit_rate,
+                        "max_rate": c.max_rate,
+                        "note": c.note,
+                        "eval": c.eval,
+                    }
+                    for c in result.candidates
+                ],
+                indent=1,
+                default=float,
+            )
+            + "\n"
+        )
+        try:
+            lm.pareto_png(result, out / "pareto.png", f"{workload}: {prof.model} on {prof.hardware}")
+        except ImportError:
+            typer.echo(
+                "pareto.png skipped: matplotlib is not installed (pip install 'gpufleet[plot]')", err=True
+            )
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2))
+    else:
+        _render(doc, result.chosen.label(), out)
+    if not result.feasible:
+        raise SystemExit(EXIT_INFEASIBLE)
+
+
+def _render(doc: dict[str, Any], label: str, out: Path | None) -> None:
+    p = doc["predicted"]
+    tr = doc["traffic"]
+    if not doc["feasible"]:
+        typer.echo(
+            f"INFEASIBLE: no candidate meets the SLO {doc['slo']} at {tr['rate_per_s']:g} req/s.", err=True
+        )
+        typer.echo(
+            f"closest: {label} ({doc['gpus']} GPUs): TTFT ms {_fmt_pct(p['ttft_ms'])}; "
+            f"TPOT ms {_fmt_pct(p['tpot_ms'])}; attainment {p['attainment']:.1%}"
+        )
+    else:
+        cost = f", ${doc['cost_per_hour']:.2f}/h" if doc["cost_per_hour"] is not None else ""
+        typer.echo(
+            f"plan for {doc['workload']} at {tr['rate_per_s']:g} req/s: {label} = {doc['gpus']} GPUs{cost}"
+        )
+        typer.echo(
+            f"  predicted at that rate: TTFT ms {_fmt_pct(p['ttft_ms'])}; TPOT ms {_fmt_pct(p['tpot_ms'])}; "
+            f"attainment {p['attainment']:.1%}"
+        )
+        typer.echo(
+            f"  max rate at the SLO {p['max_rate_per_s']:.3g} req/s; "
+            f"goodput {p['goodput_per_gpu']:.3g} req/s/GPU"
+        )
+    for r in doc["runners_up"]:
+        typer.echo(f"  runner-up: {r['label']}: {r['reason']}")
+    launch = doc["launch"]
+    if "vllm_args" in launch:
+        typer.echo(f"  launch ({launch['replicas']}x): {' '.join(launch['vllm_args'])}")
+    else:
+        d = launch["deployment"]
+        typer.echo(f"  prefill ({d['prefill']['replicas']}x): {' '.join(d['prefill']['args'])}")
+        typer.echo(f"  decode  ({d['decode']['replicas']}x): {' '.join(d['decode']['args'])}")
+    if out is not None:
+        typer.echo(f"  files: {out / 'plan.json'}, {out / 'candidates.json'}, {out / 'pareto.png'}")
+    sys.stdout.flush()
