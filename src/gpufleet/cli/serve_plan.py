@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -322,11 +323,11 @@ def _render(doc: dict[str, Any], label: str, out: Path | None) -> None:
         typer.echo(f"  runner-up: {r['label']}: {r['reason']}")
     launch = doc["launch"]
     if "vllm_args" in launch:
-        typer.echo(f"  launch ({launch['replicas']}x): {' '.join(launch['vllm_args'])}")
+        typer.echo(f"  launch ({launch['replicas']}x): {shlex.join(launch['vllm_args'])}")
     else:
         d = launch["deployment"]
-        typer.echo(f"  prefill ({d['prefill']['replicas']}x): {' '.join(d['prefill']['args'])}")
-        typer.echo(f"  decode  ({d['decode']['replicas']}x): {' '.join(d['decode']['args'])}")
+        typer.echo(f"  prefill ({d['prefill']['replicas']}x): {shlex.join(d['prefill']['args'])}")
+        typer.echo(f"  decode  ({d['decode']['replicas']}x): {shlex.join(d['decode']['args'])}")
     if out is not None:
         typer.echo(f"  files: {out / 'plan.json'}, {out / 'candidates.json'}, {out / 'pareto.png'}")
     sys.stdout.flush()

@@ -5,12 +5,11 @@ and the Pareto plot (GPUs against SLO slack)."""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 from gpufleet.core.errors import UsageError
-from gpufleet.serve.planner import Candidate, PlanOptions, PlanResult
+from gpufleet.serve.planner import Candidate, PlanOptions, PlanResult, pd_units
 from gpufleet.serve.profile import Profile
 from gpufleet.serve.traffic import Traffic
 
@@ -31,29 +30,14 @@ PLAN_VERSION = 1
 RACKS = {"nvl72": 72, "nvl36": 36, "node8": 8}
 
 
-def pd_units(c: Candidate, domain_gpus: int) -> list[tuple[list[int], list[int]]] | None:
-    """Split P and D instances into the fewest units (each ≥1 P and ≥1 D, spread evenly) that each
-    fit one NVLink domain; None if no split fits."""
-    lo = max(1, math.ceil(c.gpus / domain_gpus))
-    for k in range(lo, min(c.p_replicas, c.d_replicas) + 1):
-        units = [
-            ([i for i in range(c.p_replicas) if i % k == j], [i for i in range(c.d_replicas) if i % k == j])
-            for j in range(k)
-        ]
-        if all(len(p) * c.p_tp + len(d) * c.d_tp <= domain_gpus for p, d in units):
-            return units
-    return None
-
-
 def groups(c: Candidate, domain_gpus: int) -> list[dict[str, Any]]:
     if c.mode == "aggregated":
         return [
             {"id": f"r{i}", "role": "replica", "tp": c.tp, "gpus": c.tp, "pd_group": None}
             for i in range(c.replicas)
         ]
-    units = pd_units(c, domain_gpus)
-    if units is None:
-        raise ValueError(f"{c.label()}: no P/D unit fits a {domain_gpus}-GPU domain")
+    # an infeasible plan's closest candidate may not fit one domain: then it is one unit
+    units = pd_units(c, domain_gpus) or [(list(range(c.p_replicas)), list(range(c.d_replicas)))]
     out: list[dict[str, Any]] = []
     for j, (ps, ds) in enumerate(units):
         out += [

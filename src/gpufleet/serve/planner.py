@@ -20,7 +20,16 @@ from gpufleet.serve.profile import Profile, TpProfile
 from gpufleet.serve.sim import Requests, SimResult, Slo, evaluate, simulate_aggregated, simulate_disaggregated
 from gpufleet.serve.traffic import Traffic
 
-__all__ = ["PlanOptions", "Candidate", "PlanResult", "plan", "system_max_rate", "simulate", "replan"]
+__all__ = [
+    "PlanOptions",
+    "Candidate",
+    "PlanResult",
+    "plan",
+    "system_max_rate",
+    "simulate",
+    "replan",
+    "pd_units",
+]
 
 BATCHES = (8, 16, 32, 64, 128, 256, 512)
 
@@ -94,6 +103,20 @@ class PlanResult:
     feasible: bool
     candidates: list[Candidate]
     runners_up: list[tuple[Candidate, str]]
+
+
+def pd_units(c: Candidate, domain_gpus: int) -> list[tuple[list[int], list[int]]] | None:
+    """Split P and D instances into the fewest units (each ≥1 P and ≥1 D, spread evenly) that each
+    fit one NVLink domain; None if no split fits."""
+    lo = max(1, math.ceil(c.gpus / domain_gpus))
+    for k in range(lo, min(c.p_replicas, c.d_replicas) + 1):
+        units = [
+            ([i for i in range(c.p_replicas) if i % k == j], [i for i in range(c.d_replicas) if i % k == j])
+            for j in range(k)
+        ]
+        if all(len(p) * c.p_tp + len(d) * c.d_tp <= domain_gpus for p, d in units):
+            return units
+    return None
 
 
 def simulate(c: Candidate, prof: Profile, req: Requests, kv_gbps: float) -> SimResult:
@@ -355,6 +378,9 @@ def plan(prof: Profile, traffic: Traffic, opts: PlanOptions, runners_up: int = 5
             cands[cands.index(c)] = _size(c, prof, traffic, opts)
         else:
             c.note = f"estimated {c.gpus} GPUs from 1 instance's max rate (not sized, rank > {opts.size_top})"
+    for c in cands:
+        if c.feasible and c.mode == "disaggregated" and pd_units(c, opts.domain_gpus) is None:
+            c.feasible, c.note = False, f"no P/D unit fits one {opts.domain_gpus}-GPU NVLink domain"
     ok = [c for c in cands if c.feasible]
     ok.sort(key=lambda c: (c.gpus, -c.unit_rate))
     top = _dedupe(ok)[: runners_up + 1]
