@@ -322,3 +322,14 @@ def test_queueing_beyond_max_batch_and_client_gone_frees_slot() -> None:
         assert server.scheduler.running == 0 and server.counts["client_gone"] == 1
 
     with_server(cfg, fn)
+
+
+def test_no_stream_usage_like_llama_cpp() -> None:
+    async def fn(port: int, _: MockServer) -> None:
+        r = await request(port, "/v1/chat/completions", chat(3))
+        assert all(isinstance(e, str) or "usage" not in e for _, e in r.events)
+        assert [c for c in contents(r) if c] == [" w0", " w1", " w2"]
+        whole = (await request(port, "/v1/chat/completions", chat(3, stream=False))).json()
+        assert whole["usage"]["completion_tokens"] == 3  # non-streaming answers keep their usage
+
+    with_server(MockConfig(ttft_s=0.0, itl_s=0.0, stream_usage=False), fn)
