@@ -333,3 +333,17 @@ def test_no_stream_usage_like_llama_cpp() -> None:
         assert whole["usage"]["completion_tokens"] == 3  # non-streaming answers keep their usage
 
     with_server(MockConfig(ttft_s=0.0, itl_s=0.0, stream_usage=False), fn)
+
+
+def test_expect_100_continue() -> None:
+    async def fn(port: int, _: MockServer) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        data = json.dumps(chat(2, stream=False)).encode()
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nExpect: 100-continue\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(data))  # fmt: skip
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 100 Continue")
+        writer.write(data)
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200 OK")
+        writer.close()
+
+    with_server(MockConfig(ttft_s=0.0, itl_s=0.0), fn)
