@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from gpufleet.core import events as E
 from gpufleet.core import exitcodes
-from gpufleet.core.errors import ConfigError, GpufleetError
+from gpufleet.core.errors import CheckpointError, ConfigError, GpufleetError
 from gpufleet.core.ledger import EventSink, Ledger, NullSink, PipeSink, read_events
 from gpufleet.train.faults import FaultInjector, faults_from_env
 from gpufleet.train.settings import RunSettings
@@ -332,6 +332,13 @@ class Run:
         if not self.supervised:
             raise SpikeDetected(f"step {self.step}: {reason}")
         # Under a supervisor: every rank saw the same value, so every rank leaves here together.
+        # A save still persisting holds a pre-spike state (taken before this step's update): let it
+        # commit, so the rollback loses less work.
+        if self._engine is not None:
+            try:
+                self._engine.wait(timeout=60.0)
+            except CheckpointError:
+                pass  # recorded as ckpt_failed by the engine; the rollback uses an older checkpoint
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(exitcodes.WORKER_SPIKE)
