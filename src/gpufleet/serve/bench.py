@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gpufleet.serve.findmax import Level, queue_growing, search_max_rate
+from gpufleet.serve.findmax import Level, falling_behind, queue_growing, search_max_rate
 from gpufleet.serve.metrics import summarize_records
 from gpufleet.serve.output import (
     CAPACITY_VERSION,
@@ -62,6 +62,7 @@ def level_summary(plan: LoadPlan, res: LoadResult, opts: BenchOptions) -> dict[s
     m = summarize_records(res.records, opts.slo, offered_rate=plan.rate, max_lag_ms=opts.max_lag_ms,
                           open_loop=not plan.concurrency)
     growing = queue_growing(res.records)
+    behind = bool(plan.rate and not plan.concurrency and falling_behind(res.records))
     flags = []
     if opts.client_capacity and plan.rate and plan.rate > opts.client_capacity:
         flags.append(f"offered rate {plan.rate:g}/s is above this client's calibrated capacity "
@@ -89,6 +90,7 @@ def level_summary(plan: LoadPlan, res: LoadResult, opts: BenchOptions) -> dict[s
         },
         "workload": plan.workload.describe(),
         "queue_growing": growing,
+        "falling_behind": behind,
         **m,
     }
 
@@ -150,8 +152,8 @@ def find_max(
         res, s = run_level(lp, opts, out=opts.out / "levels" / f"{n[0]:02d}-{rate:.3g}",
                            on_progress=on_level(rate) if on_level else None, stop=stop)
         interrupted[0] = res.interrupted
-        lv = Level(rate, s["slo"]["attainment"], client_valid=s["valid"], stable=not s["queue_growing"],
-                   summary=s)
+        steady = not (s["queue_growing"] or s["falling_behind"])
+        lv = Level(rate, s["slo"]["attainment"], client_valid=s["valid"], stable=steady, summary=s)
         return lv
 
     def capacity(levels: list[Level], result: Any) -> dict[str, Any]:

@@ -3,8 +3,10 @@
 Doubling from a start rate until a level fails, then bisection between the best passing and the
 first failing rate until they are within ``rel_tol``; then a stability check re-runs the best rate
 and steps down if the re-run fails. A level passes when attainment ≥ target, the client kept up
-(send lag and achieved rate valid) and the queue did not grow during the level (see
-:func:`queue_growing`). The result is DistServe's goodput of the deployment: max rate at attainment.
+(send lag and achieved rate valid), the queue did not grow during the level (see
+:func:`queue_growing`) and requests completed as fast as they were sent (:func:`falling_behind`:
+a short level can otherwise finish its burst inside the SLO while the server is saturated).
+The result is DistServe's goodput of the deployment: max rate at attainment.
 
 Pure logic: ``measure(rate)`` is given by the caller (a real load level, or a synthetic function in
 tests).
@@ -18,7 +20,7 @@ from typing import Any
 
 from gpufleet.serve.client import RequestRecord
 
-__all__ = ["Level", "SearchResult", "search_max_rate", "queue_growing"]
+__all__ = ["Level", "SearchResult", "search_max_rate", "queue_growing", "falling_behind"]
 
 
 @dataclass
@@ -58,6 +60,19 @@ def queue_growing(records: Sequence[RequestRecord], factor: float = 2.0, floor_s
         return xs[len(xs) // 2]
 
     return med(recs[-k:]) > factor * med(recs[:k]) + floor_s
+
+
+def falling_behind(records: Sequence[RequestRecord], factor: float = 0.8) -> bool:
+    """True when requests completed markedly slower than they were sent (completion rate below
+    ``factor`` × send rate): the server's throughput is below the offered load, however few requests
+    the level had. Rates are (n − 1) / span of the send and completion times."""
+    sends = sorted(r.sent_s for r in records if not r.warmup and r.sent_s)
+    done = sorted(r.sent_s + r.e2e_s for r in records if not r.warmup and r.ok and r.e2e_s is not None)
+    if len(sends) < 4 or len(done) < 4 or sends[-1] <= sends[0] or done[-1] <= done[0]:
+        return False
+    send_rate = (len(sends) - 1) / (sends[-1] - sends[0])
+    done_rate = (len(done) - 1) / (done[-1] - done[0])
+    return done_rate < factor * send_rate
 
 
 def search_max_rate(
