@@ -9,6 +9,11 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 S=$ROOT/.ci/state/slurm
 CONF=$S/slurm.conf
+# Ports derive from the checkout path, so two checkouts on one host (a developer's and a CI clone)
+# run separate clusters side by side; GPUFLEET_SLURM_PORT_BASE overrides.
+BASE=${GPUFLEET_SLURM_PORT_BASE:-$((20000 + $(printf '%s' "$ROOT" | cksum | cut -d' ' -f1) % 10000 / 10 * 10))}
+CTLD_PORT=$BASE
+NODE_PORT=$((BASE + 1))
 PY=${PYTHON:-$ROOT/.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 
@@ -45,7 +50,7 @@ CHK
     cat > "$CONF" <<CONF
 ClusterName=gpufleet-ci
 SlurmctldHost=localhost
-SlurmctldPort=16817
+SlurmctldPort=$CTLD_PORT
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -67,7 +72,7 @@ SlurmctldLogFile=$S/slurmctld.log
 SlurmdSpoolDir=$S/spool/%n
 SlurmdPidFile=$S/slurmd-%n.pid
 SlurmdLogFile=$S/slurmd-%n.log
-NodeName=n[1-3] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[17001-17003] CPUs=2 RealMemory=2000 State=UNKNOWN
+NodeName=n[1-3] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[$((NODE_PORT))-$((NODE_PORT + 2))] CPUs=2 RealMemory=2000 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 CONF
     # HealthCheckProgram / HealthCheckInterval, written by the code under test.
