@@ -62,11 +62,23 @@ def test_sbatch_script_is_valid_bash(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "bad", [dict(nodes=0), dict(min_nodes=5), dict(time="tomorrow"), dict(command=[]), dict(spare_nodes=-1)]
+    "bad",
+    [
+        dict(nodes=0), dict(min_nodes=5), dict(time="tomorrow"), dict(command=[]), dict(spare_nodes=-1),
+        dict(time="2"), dict(time="1:30", signal_s=120),  # USR1 would come at once: a requeue loop
+    ],
 )
 def test_sbatch_spec_rejects_bad_values(bad):
     with pytest.raises(ConfigError):
         spec(**bad)
+
+
+@pytest.mark.parametrize(
+    "value,seconds",
+    [("30", 1800), ("2:30", 150), ("12:00:00", 43200), ("1-0", 86400), ("1-2:30", 95400), ("1-2:3:5", 93785)],
+)
+def test_time_limit_seconds(value, seconds):
+    assert B.time_limit_s(value) == seconds
 
 
 def test_parse_jobid():

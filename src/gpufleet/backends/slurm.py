@@ -29,7 +29,9 @@ from pathlib import Path
 from gpufleet.backends.srun import REQUEUE_MARK
 from gpufleet.core.errors import ConfigError, UsageError
 
-__all__ = ["SbatchSpec", "render_sbatch", "write_sbatch", "submit", "exclusions", "parse_jobid"]
+__all__ = [
+    "SbatchSpec", "render_sbatch", "time_limit_s", "write_sbatch", "submit", "exclusions", "parse_jobid",
+]
 
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
 
@@ -59,12 +61,30 @@ class SbatchSpec:
             raise ConfigError(f"--min-nodes must be between 1 and --nodes ({self.nodes})")
         if self.time is not None and not _TIME.match(self.time):
             raise ConfigError(f"bad --time {self.time!r}; Slurm forms: MM, HH:MM:SS, D-HH:MM")
+        if self.time is not None and time_limit_s(self.time) <= self.signal_s:
+            # USR1 would come at once on every (re)start: a requeue loop that never trains.
+            raise ConfigError(
+                f"--time {self.time} must be longer than the {self.signal_s} s final-checkpoint warning"
+            )
         if not self.command:
             raise ConfigError("no training command given (put it after --)")
 
     @property
     def script_path(self) -> Path:
         return Path(self.run_dir) / "job.sbatch"
+
+
+def time_limit_s(value: str) -> int:
+    """Seconds in a Slurm time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."""
+    days, _, rest = value.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if days:  # after a day count the first field is hours
+        h, m, sec = (parts + [0, 0])[:3]
+    elif len(parts) == 3:
+        h, m, sec = parts
+    else:  # MM or MM:SS
+        h, m, sec = 0, parts[0], (parts + [0])[1]
+    return (int(days or 0) * 24 + h) * 3600 + m * 60 + sec
 
 
 def render_sbatch(spec: SbatchSpec) -> str:
@@ -102,6 +122,7 @@ def render_sbatch(spec: SbatchSpec) -> str:
 # starts one gpufleet agent per node with srun; it restarts on healthy nodes when one is lost.
 set -u
 timelimit=0
+rm -f {q(mark)}   # a mark left by a run that was killed before acting on it is stale
 trap 'timelimit=1; kill -USR1 "$pid" 2>/dev/null' USR1   # time limit near: final checkpoint
 trap 'kill -TERM "$pid" 2>/dev/null' TERM                 # scancel: stop, no requeue
 {" ".join(q(a) for a in inner)} &

@@ -223,6 +223,11 @@ class Supervisor:
                 if verdict is not None:
                     ledger.emit(E.GIVE_UP, reason=verdict)
                     return Outcome("nodes_lost", exitcodes.FAILED, restarts, str(self.run_dir))
+            if self._stop_signals:
+                # Asked to stop (SIGTERM, or Slurm's time-limit USR1) while no attempt was running:
+                # the newest checkpoint is all there is to keep. A new attempt would only be signalled
+                # again while its ranks start up, before they can take a final checkpoint.
+                return Outcome("interrupted", exitcodes.OK, restarts, str(self.run_dir))
             if view is not None:
                 view.failure(failure.cause, failure.rank, mon.step)
             # Breakers, in order of specificity.

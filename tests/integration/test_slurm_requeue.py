@@ -1,0 +1,222 @@
+"""The batch script's requeue paths, against real Slurm daemons (.ci/slurm.sh: slurmctld + n1..n3).
+
+(1) Time limit: Slurm's ``--signal=B:USR1@120``, delivered now with ``scancel --signal=USR1 --batch``
+as slurmctld would: every rank takes a final checkpoint at the step it reached, the run ends
+``interrupted``, the script requeues the job, and the requeued job resumes from that checkpoint and
+finishes bit-identical to an uninterrupted run.
+(2) Too few nodes: 2 nodes, no spare, ``--min-nodes 2``; n2 dies (slurmd, its step, its ranks): the
+supervisor drains n2 and leaves the requeue mark, the script requeues the job, and it finishes on
+n1+n3 from the newest verified checkpoint, bit-identical.
+Each test puts the nodes back (slurmd restarted, drains undone) so the tests stay independent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpufleet.core.ledger import read_events
+from gpufleet.health import slurm as S
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        shutil.which("sinfo") is None or not os.environ.get("SLURM_CONF"),
+        reason="needs real Slurm: run `.ci/slurm.sh start && source .ci/state/slurm.env` (.ci/run does)",
+    ),
+]
+
+SCRIPT = str(Path(__file__).parent / "scripts" / "toy_train.py")
+STATE = Path(os.environ.get("GPUFLEET_TEST_SLURM_DIR", ".ci/state/slurm"))
+NODES = ("n1", "n2", "n3")
+NAME = "gpufleet-test-requeue"  # own job name: scancel --name in the teardown touches only ours
+STEPS = 40
+
+
+def sh(*argv: str, timeout: float = 20) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=True).stdout
+
+
+def states() -> dict[str, S.NodeInfo]:
+    return {n.name: n for n in S.cluster_nodes()}
+
+
+def wait_for(pred, timeout: float, what: str, every: float = 0.5):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; nodes: {states()}")
+
+
+def slurmd_pid(node: str) -> int | None:
+    p = STATE / f"slurmd-{node}.pid"
+    if not p.exists():
+        return None
+    pid = int(p.read_text().strip() or 0)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    return pid
+
+
+def restore_cluster() -> None:
+    """slurmd up on every node, every drain undone, all idle."""
+    for n in NODES:
+        if slurmd_pid(n) is None:
+            sh("slurmd", "-f", os.environ["SLURM_CONF"], "-N", n)
+    for n, info in states().items():
+        if info.drained or info.state.startswith("down"):
+            subprocess.run(["scontrol", "update", f"nodename={n}", "state=resume"], timeout=15, check=False)
+    wait_for(lambda: all(i.state == "idle" for i in states().values()), 60, "all nodes idle")
+
+
+@pytest.fixture(autouse=True)
+def clean_cluster(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUFLEET_FLEET_DIR", str(tmp_path / "fleet"))
+    restore_cluster()
+    yield
+    subprocess.run(["scancel", f"--name={NAME}"], timeout=15, check=False)
+    restore_cluster()
+
+
+def submit(run_dir: Path, *flags: str, sleep: float = 0.0) -> str:
+    cmd = [
+        sys.executable, "-m", "gpufleet.cli.main", "run", "--backend", "slurm", "--job-name", NAME,
+        "--run-dir", str(run_dir), "--checkpoint-every", "5", "--hang-timeout", "5", *flags,
+        "--", sys.executable, SCRIPT, "--steps", str(STEPS), "--sleep", str(sleep),
+    ]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip()
+
+
+def job(jobid: str) -> dict[str, str]:
+    """``scontrol show job -o``: kept by slurmctld for MinJobAge (300 s) after the job ends."""
+    p = subprocess.run(["scontrol", "show", "job", "-o", jobid], capture_output=True, text=True, timeout=15)
+    return dict(t.split("=", 1) for t in p.stdout.split() if "=" in t)
+
+
+def slurm_out(run_dir: Path) -> str:
+    return "".join(p.read_text(errors="replace") for p in run_dir.glob("slurm-*.out"))
+
+
+def wait_job(jobid: str, run_dir: Path, timeout: float) -> dict[str, str]:
+    """Until the job has ended for good (a requeued job goes back to PENDING, not to an end state)."""
+    ended = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL")
+    try:
+        wait_for(lambda: job(jobid).get("JobState") in ended, timeout, f"job {jobid} to end", every=1)
+    except AssertionError:
+        state = job(jobid).get("JobState")
+        raise AssertionError(f"job {jobid}: {state}; output:\n{slurm_out(run_dir)[-4000:]}") from None
+    return job(jobid)
+
+
+def final(run_dir: Path) -> dict:
+    outs = sorted(run_dir.glob("final-*.json"), key=lambda p: p.stat().st_mtime)
+    assert outs, f"no final weights in {run_dir}: {[p.name for p in run_dir.iterdir()]}"
+    return json.loads(outs[-1].read_text())
+
+
+def sessions(run_dir: Path) -> list[list[dict]]:
+    """The ledger split by supervisor session (one per run of the batch script), in order."""
+    out: dict[str, list[dict]] = {}
+    for e in read_events(run_dir):
+        out.setdefault(e.get("session", ""), []).append(e)
+    return [evs for evs in out.values() if any(e["ev"] == "run_start" for e in evs)]
+
+
+def of(evs: list[dict], name: str) -> list[dict]:
+    return [e for e in evs if e["ev"] == name]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict:
+    """A clean, uninterrupted 2-node x 1-rank run of the same job."""
+    d = tmp_path_factory.mktemp("ref")
+    subprocess.run(["scancel", f"--name={NAME}"], timeout=15, check=False)
+    restore_cluster()
+    jobid = submit(d, "--nodes", "2")
+    info = wait_job(jobid, d, timeout=120)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "0", slurm_out(d)
+    assert final(d)["steps"] == list(range(STEPS))
+    return final(d)
+
+
+def test_time_limit_signal_final_checkpoint_then_requeue(tmp_path, reference):
+    d = tmp_path / "run"
+    jobid = submit(d, "--nodes", "2", sleep=0.3)
+    wait_for(lambda: d.exists() and of(read_events(d), "ckpt_committed"), 90, "a committed checkpoint")
+    # What slurmctld does 120 s before the time limit (--signal=B:USR1@120): USR1 to the batch shell.
+    sh("scancel", "--signal=USR1", "--batch", jobid)
+    info = wait_job(jobid, d, timeout=150)
+    out = slurm_out(d)
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 1, out
+    assert f"gpufleet: requeueing job {jobid} (rc=0, time limit=1)" in out
+    first, second = sessions(d)
+    # The first run stopped early, with a final checkpoint of the step it had reached.
+    assert [e["status"] for e in of(first, "run_end")] == ["interrupted"]
+    reached = max(e["step"] for e in of(first, "step")) + 1  # steps done: the checkpoint's number
+    assert 0 < reached < STEPS
+    assert max(e["step"] for e in of(first, "ckpt_committed")) == reached
+    assert not of(first, "failure")
+    # The requeued run (same job id) restored exactly that checkpoint and finished the job.
+    (restore,) = of(second, "restore")
+    assert not restore["fresh"] and restore["step"] == reached
+    assert [e["status"] for e in of(second, "run_end")] == ["completed"]
+    res = final(d)
+    assert res["start"] == reached and res["steps"] == list(range(reached, STEPS))
+    assert res["sha256"] == reference["sha256"]
+
+
+def test_below_min_nodes_requeues_without_the_lost_node(tmp_path, reference):
+    d = tmp_path / "run"
+    jobid = submit(d, "--nodes", "2", "--min-nodes", "2", sleep=0.3)
+    report = d / "agents" / "attempt-0" / "n2.json"
+    wait_for(
+        lambda: report.exists() and of(read_events(d), "ckpt_committed"), 90, "a committed checkpoint"
+    )
+    a = json.loads(report.read_text())
+    pid = slurmd_pid("n2")
+    assert pid is not None
+    for p in (pid, a["ppid"], a["pid"], *a["pids"]):  # the node dies: slurmd, its step, its ranks
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    info = wait_job(jobid, d, timeout=150)
+    out = slurm_out(d)
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 1, out
+    assert f"gpufleet: requeueing job {jobid} (rc=" in out
+    assert not (d / ".gpufleet-requeue").exists()
+    first, second = sessions(d)
+    # First run: n2 lost, 1 healthy node < --min-nodes 2: no restart in the allocation, requeue.
+    assert [e["node"] for e in of(first, "node_lost")] == ["n2"]
+    (give_up,) = of(first, "give_up")
+    assert "need 2" in give_up["reason"] and "requeue without n2" in give_up["reason"]
+    assert [e["status"] for e in of(first, "run_end")] == ["nodes_lost"]
+    assert len(of(first, "attempt_start")) == 1
+    committed = max(e["step"] for e in of(first, "ckpt_committed"))
+    # Requeued run: placed without n2 (drained), restored the newest verified checkpoint, finished.
+    assert [s["nodes"] for s in of(second, "attempt_start")] == [["n1", "n3"]]
+    assert "n2" not in info["NodeList"]
+    (restore,) = of(second, "restore")
+    assert not restore["fresh"] and restore["step"] >= committed > 0
+    assert [e["status"] for e in of(second, "run_end")] == ["completed"]
+    assert final(d)["sha256"] == reference["sha256"]
+    n2 = states()["n2"]
+    assert n2.drained and n2.reason.startswith("gpufleet: node-lost:")
+    from gpufleet.backends.slurm import exclusions
+
+    assert exclusions() == ["n2"]
