@@ -10,70 +10,28 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from slurm_helpers import (
+    STATE,
+    final,
+    kill,
+    requires_slurm,
+    restore_cluster,
+    sh,
+    slurmd_pid,
+    states,
+    submit_run,
+    wait_for,
+)
 
 from gpufleet.core.ledger import read_events
 from gpufleet.health import slurm as S
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        shutil.which("sinfo") is None or not os.environ.get("SLURM_CONF"),
-        reason="needs real Slurm: run `.ci/slurm.sh start && source .ci/state/slurm.env` (.ci/run does)",
-    ),
-]
-
-SCRIPT = str(Path(__file__).parent / "scripts" / "toy_train.py")
-STATE = Path(os.environ.get("GPUFLEET_TEST_SLURM_DIR", ".ci/state/slurm"))
-NODES = ("n1", "n2", "n3")
-
-
-def sh(*argv: str, timeout: float = 20) -> str:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=True).stdout
-
-
-def states() -> dict[str, S.NodeInfo]:
-    return {n.name: n for n in S.cluster_nodes()}
-
-
-def wait_for(pred, timeout: float, what: str, every: float = 0.5):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; nodes: {states()}")
-
-
-def slurmd_pid(node: str) -> int | None:
-    p = STATE / f"slurmd-{node}.pid"
-    if not p.exists():
-        return None
-    pid = int(p.read_text().strip() or 0)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    return pid
-
-
-def restore_cluster() -> None:
-    """slurmd up on every node, every drain undone (admin ones too: the tests made them), all idle."""
-    for n in NODES:
-        if slurmd_pid(n) is None:
-            sh("slurmd", "-f", os.environ["SLURM_CONF"], "-N", n)
-    for n, info in states().items():
-        if info.drained or info.state.startswith("down"):
-            subprocess.run(["scontrol", "update", f"nodename={n}", "state=resume"], timeout=15, check=False)
-    wait_for(lambda: all(i.state == "idle" for i in states().values()), 60, "all nodes idle")
+pytestmark = [pytest.mark.slow, requires_slurm]
 
 
 @pytest.fixture(autouse=True)
@@ -90,14 +48,7 @@ def clean_cluster(tmp_path, monkeypatch):
 
 
 def submit(run_dir: Path, *flags: str, steps: int = 40, sleep: float = 0.0) -> str:
-    cmd = [
-        sys.executable, "-m", "gpufleet.cli.main", "run", "--backend", "slurm", "--job-name", "gpufleet-test",
-        "--run-dir", str(run_dir), "--checkpoint-every", "5", "--hang-timeout", "5", *flags,
-        "--", sys.executable, SCRIPT, "--steps", str(steps), "--sleep", str(sleep),
-    ]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0, p.stderr
-    return p.stdout.strip()
+    return submit_run(run_dir, *flags, job_name="gpufleet-test", steps=steps, sleep=sleep)
 
 
 def job_state(jobid: str) -> str:
@@ -112,12 +63,6 @@ def wait_job(jobid: str, run_dir: Path, timeout: float = 120) -> None:
     except AssertionError:
         out = "".join(p.read_text()[-3000:] for p in run_dir.glob("slurm-*.out"))
         raise AssertionError(f"job {jobid} still {job_state(jobid)}; output:\n{out}") from None
-
-
-def final(run_dir: Path) -> dict:
-    outs = sorted(run_dir.glob("final-*.json"), key=lambda p: p.stat().st_mtime)
-    assert outs, f"no final weights in {run_dir}: {[p.name for p in run_dir.iterdir()]}"
-    return json.loads(outs[-1].read_text())
 
 
 def evs(run_dir: Path, name: str) -> list[dict]:
@@ -152,11 +97,7 @@ def test_node_loss_recovers_on_healthy_nodes_bit_identical(tmp_path, reference):
     a = json.loads(report.read_text())
     pid = slurmd_pid("n2")
     assert pid is not None
-    for p in (pid, a["ppid"], a["pid"], *a["pids"]):  # the node dies: slurmd, its step, its ranks
-        try:
-            os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    kill(pid, a["ppid"], a["pid"], *a["pids"])  # the node dies: slurmd, its step, its ranks
     wait_job(jobid, d, timeout=120)
     lost = evs(d, "node_lost")
     assert [e["node"] for e in lost] == ["n2"]
