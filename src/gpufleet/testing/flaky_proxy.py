@@ -28,9 +28,10 @@ import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
+
+from gpufleet.testing.process import ChildService
 
 __all__ = ["FlakyProxy", "serve"]
 
@@ -194,7 +195,7 @@ def serve(upstream: str, error_rate: float, seed: int, port: int = 0, host: str 
         server.server_close()
 
 
-class FlakyProxy:
+class FlakyProxy(ChildService):
     """Start ``python -m gpufleet.testing.flaky_proxy`` as a child process; stop it by PID."""
 
     def __init__(self, upstream: str, error_rate: float = 0.2, seed: int = 1) -> None:
@@ -248,14 +249,6 @@ class FlakyProxy:
             if self._proc.stdout:
                 self._proc.stdout.close()
             self._proc = None
-
-    def __enter__(self) -> FlakyProxy:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
 
 def _main(argv: list[str] | None = None) -> int:

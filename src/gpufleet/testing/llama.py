@@ -26,7 +26,6 @@ The command line form is used by ``.ci/llama.sh``::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import json
 import os
@@ -36,9 +35,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import TracebackType
 
-from gpufleet.testing.seaweed import _alive, free_ports, stop_pid
+from gpufleet.testing.process import ChildService, free_ports, running_pid, stop_pid_file, write_env_file
 
 __all__ = ["LlamaServer", "MockProcess", "find_smollm2", "llama_available"]
 
@@ -69,7 +67,7 @@ def find_smollm2() -> Path | None:
     return None
 
 
-class LlamaServer:
+class LlamaServer(ChildService):
     """``python -m llama_cpp.server`` on 127.0.0.1, one model, stopped by PID."""
 
     def __init__(
@@ -101,10 +99,6 @@ class LlamaServer:
 
     def __repr__(self) -> str:
         return f"LlamaServer(url={self.url!r}, model={self.model_path.name!r}, pid={self.pid})"
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc else None
 
     @property
     def url(self) -> str:
@@ -172,11 +166,7 @@ class LlamaServer:
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Stop by PID: SIGTERM, then SIGKILL after ``grace_s`` seconds."""
-        if self._proc is not None:
-            stop_pid(self._proc.pid, grace_s)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(timeout=1.0)
-            self._proc = None
+        self._stop_proc(grace_s)
 
     def env(self) -> dict[str, str]:
         """The ``GPUFLEET_TEST_LLAMA_*`` variables that point tests at this server."""
@@ -186,16 +176,8 @@ class LlamaServer:
             "GPUFLEET_TEST_LLAMA_N_CTX": str(self.n_ctx),
         }
 
-    def __enter__(self) -> LlamaServer:
-        return self.start()
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-
-class MockProcess:
+class MockProcess(ChildService):
     """``gpufleet serve mock ARGS`` in a child process on a free loopback port, stopped by PID."""
 
     def __init__(
@@ -209,10 +191,6 @@ class MockProcess:
         self.url = ""
         self.banner = ""
         self.log_path: Path | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc else None
 
     def start(self) -> MockProcess:
         """Start it and wait for its ``ready at URL`` line."""
@@ -245,19 +223,7 @@ class MockProcess:
             return json.load(resp)
 
     def stop(self) -> None:
-        if self._proc is not None:
-            stop_pid(self._proc.pid, 3.0)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(timeout=1.0)
-            self._proc = None
-
-    def __enter__(self) -> MockProcess:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
+        self._stop_proc(3.0)
 
 
 def _main(argv: list[str] | None = None) -> int:
@@ -274,15 +240,14 @@ def _main(argv: list[str] | None = None) -> int:
     state.mkdir(parents=True, exist_ok=True)
     pid_file = state / _PID_FILE
     if args.action == "stop":
-        if pid_file.is_file():
-            stop_pid(int(pid_file.read_text().strip()), 5.0)
-            pid_file.unlink()
+        if stop_pid_file(pid_file, 5.0):
             print(f"llama.cpp server stopped ({state})")
         else:
             print(f"llama.cpp server not running ({pid_file} missing)")
         return 0
-    if pid_file.is_file() and _alive(int(pid_file.read_text().strip())):
-        print(f"llama.cpp server already running (pid {pid_file.read_text().strip()})")
+    pid = running_pid(pid_file)
+    if pid is not None:
+        print(f"llama.cpp server already running (pid {pid})")
         return 0
     reason = llama_available()
     if reason:
@@ -293,8 +258,7 @@ def _main(argv: list[str] | None = None) -> int:
     server.start()
     pid_file.write_text(str(server.pid))
     if args.env_file:
-        lines = [f"export {k}={v}" for k, v in server.env().items()]
-        Path(args.env_file).write_text("\n".join(lines) + "\n")
+        write_env_file(args.env_file, server.env())
     print(f"llama.cpp server ready at {server.url} (pid {server.pid}) in {time.monotonic() - t0:.1f}s")
     return 0
 

@@ -19,13 +19,19 @@ import json
 import os
 import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
-from types import TracebackType
+
+from gpufleet.testing.process import (
+    ChildService,
+    free_ports,
+    running_pid,
+    stop_pid,
+    stop_pid_file,
+    write_env_file,
+)
 
 __all__ = ["SeaweedServer", "find_weed", "free_ports", "stop_pid"]
 
@@ -44,58 +50,7 @@ def find_weed() -> str | None:
     return shutil.which("weed")
 
 
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free TCP ports on 127.0.0.1 (held open together so they differ)."""
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie still answers kill(0): reap it if it is our child, else read its state.
-    with contextlib.suppress(ChildProcessError):
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True  # no /proc (not Linux): trust kill(0)
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
-
-
-def stop_pid(pid: int, grace_s: float = 5.0) -> None:
-    """SIGTERM ``pid``, then SIGKILL if it is still alive after ``grace_s`` seconds."""
-    if not _alive(pid):
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if not _alive(pid):
-            return
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline and _alive(pid):
-        time.sleep(0.05)
-
-
-class SeaweedServer:
+class SeaweedServer(ChildService):
     """A SeaweedFS master+volume+filer+S3 gateway in one process, listening on 127.0.0.1 only."""
 
     def __init__(
@@ -121,10 +76,6 @@ class SeaweedServer:
 
     def __repr__(self) -> str:  # never show the secret key
         return f"SeaweedServer(endpoint={self.endpoint!r}, bucket={self.bucket!r}, dir='{self.data_dir}')"
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc else None
 
     def _command(self, ports: list[int]) -> list[str]:
         s3, s3g, master, masterg, vol, volg, filer, filerg, iam = ports
@@ -248,11 +199,7 @@ class SeaweedServer:
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Stop by PID: SIGTERM, then SIGKILL after ``grace_s`` seconds (weed is slow to stop)."""
-        if self._proc is not None:
-            stop_pid(self._proc.pid, grace_s)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(timeout=1.0)
-            self._proc = None
+        self._stop_proc(grace_s)
         for path in [self.data_dir / _PID_FILE, *self._stale_socks]:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
@@ -265,14 +212,6 @@ class SeaweedServer:
             "GPUFLEET_TEST_S3_SECRET_KEY": self.secret_key,
             "GPUFLEET_TEST_S3_BUCKET": self.bucket,
         }
-
-    def __enter__(self) -> SeaweedServer:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
 
 def _main(argv: list[str] | None = None) -> int:
@@ -287,9 +226,7 @@ def _main(argv: list[str] | None = None) -> int:
     state = Path(args.dir)
     pid_file = state / _PID_FILE
     if args.action == "stop":
-        if pid_file.is_file():
-            stop_pid(int(pid_file.read_text().strip()), args.grace)
-            pid_file.unlink()
+        if stop_pid_file(pid_file, args.grace):
             socks = state / _SOCKS_FILE
             if socks.is_file():
                 for line in socks.read_text().split():
@@ -299,18 +236,16 @@ def _main(argv: list[str] | None = None) -> int:
         else:
             print(f"seaweedfs not running ({pid_file} missing)")
         return 0
-    if pid_file.is_file() and _alive(int(pid_file.read_text().strip())):
+    pid = running_pid(pid_file)
+    if pid is not None:
         # Idempotent: the env file written by the first start still describes this server.
-        print(f"seaweedfs already running (pid {pid_file.read_text().strip()})")
+        print(f"seaweedfs already running (pid {pid})")
         return 0
     server = SeaweedServer(state, args.port, bucket=args.bucket)
     t0 = time.monotonic()
     server.start()
     if args.env_file:
-        env_file = Path(args.env_file)
-        lines = [f"export {k}={v}" for k, v in server.env().items()]
-        env_file.write_text("\n".join(lines) + "\n")
-        env_file.chmod(0o600)
+        write_env_file(args.env_file, server.env(), mode=0o600)
     print(f"seaweedfs ready at {server.endpoint} (pid {server.pid}) in {time.monotonic() - t0:.1f}s")
     return 0
 

@@ -1,0 +1,137 @@
+"""Plumbing shared by the test services that run as child processes (SeaweedFS, llama.cpp server,
+``gpufleet serve mock``, the flaky S3 proxy): free loopback ports, is-a-PID-alive, stop by PID
+(SIGTERM, then SIGKILL), the ``with`` protocol, and the pid/env files of the start/stop CLIs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+__all__ = [
+    "ChildService",
+    "free_ports",
+    "is_alive",
+    "running_pid",
+    "stop_pid",
+    "stop_pid_file",
+    "write_env_file",
+]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free TCP ports on 127.0.0.1 (held open together so they differ)."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie still answers kill(0): reap it if it is our child, else read its state.
+    with contextlib.suppress(ChildProcessError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc (not Linux): trust kill(0)
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def stop_pid(pid: int, grace_s: float = 5.0) -> None:
+    """SIGTERM ``pid``, then SIGKILL if it is still alive after ``grace_s`` seconds."""
+    if not is_alive(pid):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not is_alive(pid):
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and is_alive(pid):
+        time.sleep(0.05)
+
+
+def running_pid(pid_file: Path) -> int | None:
+    """The PID in ``pid_file`` if the file exists and that process is alive, else None."""
+    if pid_file.is_file():
+        pid = int(pid_file.read_text().strip())
+        if is_alive(pid):
+            return pid
+    return None
+
+
+def stop_pid_file(pid_file: Path, grace_s: float) -> bool:
+    """Stop the process ``pid_file`` names (:func:`stop_pid`) and remove the file; False if no file."""
+    if not pid_file.is_file():
+        return False
+    stop_pid(int(pid_file.read_text().strip()), grace_s)
+    pid_file.unlink()
+    return True
+
+
+def write_env_file(path: str | os.PathLike[str], env: Mapping[str, str], mode: int | None = None) -> None:
+    """``export K=V`` lines, one a variable, for a shell to ``source``; ``mode``: chmod it."""
+    path = Path(path)
+    lines = [f"export {k}={v}" for k, v in env.items()]
+    path.write_text("\n".join(lines) + "\n")
+    if mode is not None:
+        path.chmod(mode)
+
+
+class ChildService:
+    """Base of a service run as the child process ``self._proc``: ``pid``, and a ``with`` block that
+    calls ``start()`` on entry and ``stop()`` on exit."""
+
+    _proc: subprocess.Popen[Any] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def _stop_proc(self, grace_s: float) -> None:
+        """Stop the child by PID (:func:`stop_pid`), reap it, forget it."""
+        if self._proc is not None:
+            stop_pid(self._proc.pid, grace_s)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=1.0)
+            self._proc = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
