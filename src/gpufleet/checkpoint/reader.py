@@ -103,6 +103,25 @@ def _raw_data_span(f: Any, offset: int, length: int) -> tuple[int, int] | None:
     return offset + info.header_offset + 30 + name_len + extra_len, info.file_size
 
 
+def _load_item(req: Any, planner: LoadPlanner, data: bytes | bytearray) -> None:
+    """Hand one read item's serialized bytes to the planner: BYTE_IO as a stream; a tensor is
+    ``torch.load``-ed, narrowed to the request's slice and copied into the planner's target."""
+    if req.type == LoadItemType.BYTE_IO:
+        planner.load_bytes(req, io.BytesIO(data))
+        return
+    tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    del data
+    tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
+    target = planner.resolve_tensor(req).detach()
+    if target.size() != tensor.size():
+        raise ValueError(
+            f"{req.storage_index.fqn}: size {tuple(tensor.size())} in checkpoint, "
+            f"{tuple(target.size())} in the state dict"
+        )
+    target.copy_(tensor)
+    planner.commit_tensor(req, target)
+
+
 class FastReader(FileSystemReader):
     """FileSystemReader with large sequential reads and one thread per file (up to ``threads``)."""
 
@@ -151,21 +170,7 @@ class FastReader(FileSystemReader):
                             _read_into(f, span[0], target)
                             planner.commit_tensor(req, target)
                             continue
-                    data = _read_exact(f, md.offset, md.length)
-                    if req.type == LoadItemType.BYTE_IO:
-                        planner.load_bytes(req, io.BytesIO(data))
-                        continue
-                    tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-                    del data
-                    tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
-                    target = planner.resolve_tensor(req).detach()
-                    if target.size() != tensor.size():
-                        raise ValueError(
-                            f"{req.storage_index.fqn}: size {tuple(tensor.size())} in checkpoint, "
-                            f"{tuple(target.size())} in the state dict"
-                        )
-                    target.copy_(tensor)
-                    planner.commit_tensor(req, target)
+                    _load_item(req, planner, _read_exact(f, md.offset, md.length))
 
         workers = max(1, min(self.threads, len(per_file)))
         with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -265,21 +270,7 @@ class MemReader(FastReader):
                     planner.commit_tensor(req, target)
                     return
             f.seek(md.offset)
-            data = f.read(md.length)
-            if req.type == LoadItemType.BYTE_IO:
-                planner.load_bytes(req, io.BytesIO(data))
-                return
-            tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-            del data
-            tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
-            target = planner.resolve_tensor(req).detach()
-            if target.size() != tensor.size():
-                raise ValueError(
-                    f"{req.storage_index.fqn}: size {tuple(tensor.size())} in checkpoint, "
-                    f"{tuple(target.size())} in the state dict"
-                )
-            target.copy_(tensor)
-            planner.commit_tensor(req, target)
+            _load_item(req, planner, f.read(md.length))
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # frombuffer on pieces of our own mappings
