@@ -267,9 +267,11 @@ class Supervisor:
             mon.pump(self.cfg.poll_s)
             if view is not None:
                 view.update(mon, restarts)
-            if not standby_ready and mon.step_times:
-                # Warm the next attempt's interpreters once this one is training: earlier, their
-                # `import torch` would compete for CPU with this attempt's start-up and restore.
+            recovering = restarts > 0 and not mon.step_times
+            if not standby_ready and len(mon.ready) == len(mon.expected_ranks) and not recovering:
+                # Warm the next attempt's interpreters as early as possible, but never while this
+                # attempt is recovering (restore and first step are part of MTTR): their
+                # `import torch` would compete with it for CPU.
                 self.backend.prepare(spec)
                 standby_ready = True
             codes = {w.rank: w.proc.poll() for w in mon.workers}
