@@ -337,14 +337,18 @@ class CheckpointEngine:
         t0 = time.perf_counter()
         choice: tuple[int, str, str, dict[str, Any]] | None = None
         loaded = None
-        if self.rank == 0:  # S3 downloads happen in here, outside any collective
-            found = restore.choose(self, max_step, None if self._distributed else state_dict)
+        if not self._distributed:
+            found = restore.choose(self, max_step, state_dict)
             if found is not None:
                 choice, loaded = found[:4], found[4]
-        if self._distributed:
-            box = [choice]
-            dist.broadcast_object_list(box, src=0, group=self.pg)
-            choice = box[0]
+        else:  # rank 0 verifies (and downloads) for all; the others never wait on S3 in a collective
+            found_box: list[Any] = [None]
+
+            def decide() -> Any:
+                found_box[0] = restore.choose(self, max_step, None)
+                return None if found_box[0] is None else found_box[0][:4]
+
+            choice = restore.agree_on_choice(self, decide)
         if choice is None:
             return None
         step, path, source, meta = choice
@@ -355,6 +359,8 @@ class CheckpointEngine:
         finally:
             if loaded is not None:
                 loaded.release()
+        if self._distributed:
+            restore.forget_choice(self)  # dcp.load was a collective: every rank has read the choice
         self._newest_verified = step
         return LoadResult(
             step=step,

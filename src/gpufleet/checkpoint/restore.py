@@ -11,12 +11,16 @@ its manifest; a mismatch emits RESTORE_REJECTED with the reason and the next can
 
 from __future__ import annotations
 
+import json
+import os
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
 from gpufleet.checkpoint import remote
@@ -25,12 +29,12 @@ from gpufleet.checkpoint.manifest import Manifest, list_committed, step_dirname
 from gpufleet.checkpoint.onepass import Loaded, read_verified
 from gpufleet.checkpoint.verify import verify_dir
 from gpufleet.core import events as E
-from gpufleet.core.errors import StorageError
+from gpufleet.core.errors import CheckpointError, StorageError
 
 if TYPE_CHECKING:
     from gpufleet.checkpoint.engine import CheckpointEngine
 
-__all__ = ["choose", "receive_buffers"]
+__all__ = ["choose", "receive_buffers", "agree_on_choice", "forget_choice"]
 
 _BUFFER_MIN = 1 << 20  # tensors at least this large are read straight into a staging buffer
 
@@ -109,3 +113,39 @@ def choose(
                 return step, str(path), source, m.meta, loaded
             eng._emit(E.RESTORE_REJECTED, path=str(path), step=step, reason=reason)
     return None
+
+
+Choice = tuple[int, str, str, dict[str, Any]] | None
+
+
+def agree_on_choice(
+    eng: CheckpointEngine, decide: Callable[[], Choice], *, timeout_s: float = 3600.0
+) -> Choice:
+    """Rank 0 decides (verifying, and downloading from S3 when it must); the other ranks read its
+    decision from a file in the shared checkpoint directory instead of waiting inside a collective,
+    so a slow or throttled S3 never sits under a process-group timeout. Only a token is broadcast,
+    before anything slow starts."""
+    token: list[str | None] = [uuid.uuid4().hex if eng.rank == 0 else None]
+    dist.broadcast_object_list(token, src=0, group=eng.pg)
+    path = eng.root / ".restore" / f"{token[0]}.json"
+    if eng.rank == 0:
+        choice = decide()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(list(choice) if choice is not None else None))
+        os.replace(tmp, path)
+        return choice
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise CheckpointError(f"rank 0 did not choose a checkpoint to restore within {timeout_s:.0f} s")
+        time.sleep(0.05)
+    raw = json.loads(path.read_text())
+    return None if raw is None else (int(raw[0]), str(raw[1]), str(raw[2]), dict(raw[3]))
+
+
+def forget_choice(eng: CheckpointEngine) -> None:
+    """Rank 0 removes restore hand-off files once every rank has loaded (after the load collective)."""
+    if eng.rank == 0:
+        for p in (eng.root / ".restore").glob("*.json"):
+            p.unlink(missing_ok=True)
