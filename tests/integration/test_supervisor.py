@@ -68,9 +68,9 @@ def test_crash_hang_nan_recover_bit_identical(tmp_path, reference):
     p = gpufleet_run(
         tmp_path,
         "--inject",
-        "kill:rank=1,step=12",
+        "kill:rank=1,step=12,settle=1",
         "--inject",
-        "hang:rank=0,step=22",
+        "hang:rank=0,step=22,settle=1",
         "--inject",
         "nan:step=31",
     )
@@ -80,9 +80,11 @@ def test_crash_hang_nan_recover_bit_identical(tmp_path, reference):
     assert len(evs(tmp_path, "restart")) == 3
     hang = [e for e in evs(tmp_path, "failure") if e["cause"] == "hang"][0]
     assert hang["rank"] == 0  # the silent rank is blamed, not its blocked peer
-    # Every restart resumed from a verified checkpoint at least as new as every commit the ledger saw
-    # before it. (Which saves commit depends on machine load; one may commit on disk just as its
-    # rank exits, before its event is sent: the restore then rightly finds and verifies it.)
+    # settle=1: the save due before each kill/hang has committed when the fault fires, so every restart
+    # resumes from a verified checkpoint at least as new as every commit the ledger saw before it.
+    # (Which saves commit depends on machine load: one still persisting makes the next one skip. A
+    # commit may land on disk just as its rank exits, before its event is sent: the restore then
+    # rightly finds and verifies it.)
     events = read_events(tmp_path)
     restores = [i for i, e in enumerate(events) if e["ev"] == "restore"]
     assert len(restores) == 4 and events[restores[0]]["fresh"]
@@ -90,7 +92,7 @@ def test_crash_hang_nan_recover_bit_identical(tmp_path, reference):
         committed = [e["step"] for e in events[:i] if e["ev"] == "ckpt_committed"]
         verified = [e["step"] for e in events[:i] if e["ev"] == "ckpt_verified"]
         assert events[i]["step"] >= (max(committed) if committed else 0)
-        assert verified and verified[-1] == events[i]["step"]
+        assert not events[i]["fresh"] and verified and verified[-1] == events[i]["step"]
     assert final(tmp_path)["sha256"] == reference["sha256"]
     end = evs(tmp_path, "run_end")[-1]
     assert end["status"] == "completed" and end["restarts"] == 3

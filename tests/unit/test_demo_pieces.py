@@ -141,9 +141,9 @@ def test_fault_plan_scales_with_the_run() -> None:
 
     assert fault_plan(400, 25) == [
         "ckpt_corrupt:step=100",
-        "kill:rank=1,step=112",
-        "hang:rank=0,step=212",
+        "kill:rank=1,step=112,settle=1",
+        "hang:rank=0,step=212,settle=1",
         "nan:step=312",
     ]
     small = fault_plan(200, 20, nproc=1)
-    assert small[1] == "kill:rank=0,step=70"
+    assert small[1] == "kill:rank=0,step=70,settle=1"

@@ -70,6 +70,31 @@ def test_injector_targets_ranks_and_fires_once():
     assert other.loss(3, 2.0) == 2.0
 
 
+def test_settle_waits_for_the_checkpoint_before_the_fault_fires():
+    assert parse_fault("kill:rank=1,step=4,settle=1").settle
+    assert not parse_fault("hang:step=4").settle
+    with pytest.raises(UsageError, match="bad key"):
+        parse_fault("nan:step=4,settle=1")  # only kill and hang race a persist
+
+    class Settled(Exception):
+        pass
+
+    order: list[str] = []
+
+    def settle() -> None:
+        order.append("settle")
+        raise Settled  # stands in for the wait; stops the test before the SIGKILL
+
+    inj = FaultInjector(
+        parse_faults(["kill:step=4,settle=1"]), rank=0, emit=lambda ev, **f: order.append(ev), settle=settle
+    )
+    inj.before_step(3)
+    assert order == []
+    with pytest.raises(Settled):
+        inj.before_step(4)
+    assert order == ["settle"]  # the wait comes first; the inject event and the kill follow it
+
+
 # -- spike guard -----------------------------------------------------------------------------------
 def test_spike_guard_flags_nan_and_spikes_not_noise():
     g = SpikeGuard(window=20, threshold=8, min_history=5)

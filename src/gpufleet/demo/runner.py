@@ -105,8 +105,8 @@ def fault_plan(steps: int, every: int, nproc: int = 2) -> list[str]:
     last = nproc - 1
     return [
         f"ckpt_corrupt:step={corrupt}",
-        f"kill:rank={last},step={kill}",
-        f"hang:rank=0,step={hang}",
+        f"kill:rank={last},step={kill},settle=1",  # settle: the corrupt save is on disk to be caught
+        f"hang:rank=0,step={hang},settle=1",
         f"nan:step={nan}",
     ]
 

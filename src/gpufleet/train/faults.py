@@ -5,8 +5,8 @@ Spec: ``KIND[:key=value[,key=value...]]``, e.g. ``kill:rank=1,step=40`` or ``nan
 =============  =====================================================  ==========================
 kind           effect                                                  keys
 =============  =====================================================  ==========================
-kill           SIGKILL the rank at a step or after some seconds        rank, step | after
-hang           the rank stops making progress (sleeps forever)         rank, step
+kill           SIGKILL the rank at a step or after some seconds        rank, step | after, settle
+hang           the rank stops making progress (sleeps forever)         rank, step, settle
 nan            the logged loss becomes NaN                             step, rank
 spike          the logged loss is multiplied by ``factor``             step, rank, factor
 slow           the rank sleeps ``delay`` seconds per step              rank, delay, from, to
@@ -16,6 +16,8 @@ ckpt_corrupt   a byte of that checkpoint is flipped after commit       step
 
 A fault fires once: the supervisor drops fired faults before restarting. ``persist=1`` makes it fire
 again after every restart (a data-caused spike, say). ``rank`` defaults to 0 (``nan``/``spike``: all).
+``settle=1`` (kill, hang) first waits for the rank's in-flight checkpoint save to commit, so the drill
+tests recovery from a known checkpoint instead of racing a persist that machine load may slow down.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import os
 import re
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from gpufleet.core.errors import UsageError
@@ -32,8 +35,8 @@ from gpufleet.core.errors import UsageError
 __all__ = ["Fault", "parse_fault", "parse_faults", "FaultInjector", "FAULT_KINDS"]
 
 FAULT_KINDS: dict[str, set[str]] = {
-    "kill": {"rank", "step", "after"},
-    "hang": {"rank", "step"},
+    "kill": {"rank", "step", "after", "settle"},
+    "hang": {"rank", "step", "settle"},
     "nan": {"rank", "step"},
     "spike": {"rank", "step", "factor"},
     "slow": {"rank", "delay", "from", "to"},
@@ -56,6 +59,7 @@ class Fault:
     start: int = 0
     stop: int | None = None
     persist: bool = False
+    settle: bool = False
     spec: str = field(default="", compare=False)
 
     def applies_to(self, rank: int) -> bool:
@@ -80,6 +84,10 @@ def _int(value: str, key: str, spec: str) -> int:
     if out < 0:
         raise UsageError(f"{key} must be >= 0 in fault {spec!r}")
     return out
+
+
+def _flag(value: str) -> bool:
+    return value not in ("0", "false", "no")
 
 
 def parse_fault(spec: str, fid: int = 0) -> Fault:
@@ -115,7 +123,9 @@ def parse_fault(spec: str, fid: int = 0) -> Fault:
         elif key == "to":
             f.stop = _int(value, key, spec)
         elif key == "persist":
-            f.persist = value not in ("0", "false", "no")
+            f.persist = _flag(value)
+        elif key == "settle":
+            f.settle = _flag(value)
     if kind in ("hang", "nan", "spike", "ckpt_fail", "ckpt_corrupt") and f.step is None:
         raise UsageError(f"fault {spec!r} needs step=N")
     if kind == "kill" and f.step is None and f.after is None:
@@ -142,13 +152,18 @@ def faults_from_env(value: str | None) -> list[Fault]:
 class FaultInjector:
     """Worker-side: fires the faults meant for this rank at the right step."""
 
-    def __init__(self, faults: list[Fault], rank: int, emit: object) -> None:
+    def __init__(
+        self, faults: list[Fault], rank: int, emit: object, settle: Callable[[], None] | None = None
+    ) -> None:
         self.rank = rank
         self._faults = [f for f in faults if f.applies_to(rank)]
         self._emit = emit  # callable(ev, **fields)
+        self._settle = settle  # waits for this rank's in-flight checkpoint save to finish
         self._t0 = time.monotonic()
 
     def _fire(self, f: Fault, step: int) -> None:
+        if f.settle and self._settle is not None:
+            self._settle()
         self._emit("inject", kind=f.kind, fault_id=f.id, step=step, spec=f.spec, persist=f.persist)  # type: ignore[operator]
         if not f.persist:
             self._faults.remove(f)

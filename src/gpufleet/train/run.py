@@ -72,7 +72,9 @@ class Run:
             self.sink = NullSink()
         # A separate gloo group so background checkpoint collectives never interleave with training's.
         self._ckpt_pg = dist.new_group(backend="gloo") if self.world_size > 1 else None
-        self._faults = FaultInjector(faults_from_env(settings.faults), self.rank, self.sink.emit)
+        self._faults = FaultInjector(
+            faults_from_env(settings.faults), self.rank, self.sink.emit, settle=self._settle_checkpoint
+        )
         self._guard = SpikeGuard(window=settings.spike_window, threshold=settings.spike_threshold)
         self._skips: list[list[int]] = [list(w) for w in settings.rollback.get("skip", [])]
         self._engine: Any = None
@@ -144,6 +146,15 @@ class Run:
 
     def _internal_state(self) -> dict[str, Any]:
         return {"guard": self._guard.state_dict(), "skips": self._skips}
+
+    def _settle_checkpoint(self) -> None:
+        """For ``settle=1`` drills: let the in-flight save commit (or fail) before the fault fires."""
+        if self._engine is None:
+            return
+        try:
+            self._engine.wait()
+        except CheckpointError:
+            pass  # already in the ledger as ckpt_failed; the drill goes on
 
     def restore(self, state: dict[str, Any]) -> int:
         """Load the newest verified checkpoint into ``state``'s objects; return the step to resume at."""
