@@ -34,6 +34,7 @@ llama_install() {
 ## Serving mock
 mock_smoke() {
   local log="$STATE/serve-mock.log" pid url
+  : >"$log"  # exists before the background job opens it, so the first grep does not complain
   .venv/bin/gpufleet serve mock --port 0 --ttft 5ms --itl 1ms >"$log" 2>&1 &
   pid=$!
   for _ in $(seq 100); do grep -q ' ready at ' "$log" && break; sleep 0.1; done

@@ -142,7 +142,14 @@ def test_watch_moves_node_to_suspect_and_back_and_nodes_shows_it(fleet):
     rounds = [json.loads(x) for x in p.stdout.splitlines()]
     assert rounds[0]["status"] == "FAIL" and rounds[0]["transition"]["state"] == "suspect"
     assert rounds[1]["transition"] is None  # still failing: no new transition
-    p = gf("health", "watch", "--plan", plan, "--count", "1", "--interval", "0", "--node", "w1", "--json")
+    # The repair round: the same check with the peer rule off, so a busy neighbour core on this shared
+    # host cannot fail it; only the absolute floor applies.
+    calm = write_plan(
+        fleet.parent / "mm-calm.toml",
+        "compute.matmul",
+        params={"compute.matmul": {**FAST, "peer_rule": False}},
+    )
+    p = gf("health", "watch", "--plan", calm, "--count", "1", "--interval", "0", "--node", "w1", "--json")
     assert json.loads(p.stdout)["transition"]["state"] == "healthy"
     p = gf("nodes", "--json")
     out = json.loads(p.stdout)
@@ -161,7 +168,8 @@ def test_acceptance_script_dry_run(tmp_path, fleet):
         "gpu.inventory",
         "compute.matmul",
         "memory.bandwidth",
-        params={"compute.matmul": FAST, "memory.bandwidth": FAST},
+        # The dry run tests the script's flow; the peer rule on two shared CPU cores is load-dependent.
+        params={"compute.matmul": {**FAST, "peer_rule": False}, "memory.bandwidth": FAST},
     )
     p = subprocess.run(
         ["bash", str(ROOT / "scripts" / "gpu_acceptance.sh"), "--dry-run", "--plan", plan, "--out", str(out)],

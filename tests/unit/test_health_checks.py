@@ -174,11 +174,20 @@ MATMUL = {"name": "compute.matmul", "params": {"samples": 40, "cpu_devices": 2}}
 
 
 def test_relative_check_catches_an_injected_slow_device():
-    env = {"GPUFLEET_HEALTH_INJECT_SLOW": "compute.matmul:cpu1=0.3"}
+    env = {"GPUFLEET_HEALTH_INJECT_SLOW": "compute.matmul:cpu1=0.5"}
     rep = run_plan(plan(MATMUL), get_profile("CPU"), env=env)
     slow = {r.device: r for r in rep.results}
     assert slow["cpu1"].status is Status.FAIL and "below the best device" in slow["cpu1"].detail
     assert slow["cpu0"].status is Status.OK
+
+
+def test_peer_rule_can_be_turned_off_per_check():
+    env = {"GPUFLEET_HEALTH_INJECT_SLOW": "compute.matmul:cpu1=0.5"}
+    calm = {"name": "compute.matmul", "params": {**MATMUL["params"], "peer_rule": False}}
+    rep = run_plan(plan(calm), get_profile("CPU"), env=env)
+    by_dev = {r.device: r for r in rep.results}
+    assert by_dev["cpu1"].status is Status.OK  # half speed, but far above the CPU floor of 1 GFLOPS
+    assert by_dev["cpu1"].value < by_dev["cpu0"].value
 
 
 def test_fleet_rule_and_recording(tmp_path):

@@ -85,8 +85,12 @@ def calibrate(work: Callable[[], None], sync: Callable[[], None], target_s: floa
 def per_device(
     ctx: Context, check: str, metric: str, values: dict[str, float], hint: str, relative: bool = True
 ) -> list[CheckResult]:
-    """Judge each device's SI value against the profile's floor and against its node peers."""
+    """Judge each device's SI value against the profile's floor and against its node peers.
+
+    A plan can turn the peer rule off for one check (``peer_rule = false``): on a shared CPU host
+    one core can run a third slower than the other for minutes, which says nothing about the node."""
     out = [measured(ctx, check, metric, v, hint=hint, device=d) for d, v in values.items()]
+    relative = relative and bool(ctx.param("peer_rule", True))
     slow = node_outliers(values, ctx.profile.peer_tol) if relative else {}
     for r in out:
         if r.device in slow:
