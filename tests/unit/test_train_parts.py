@@ -64,7 +64,12 @@ def test_injector_targets_ranks_and_fires_once():
     assert math.isnan(inj.loss(2, 1.0))
     assert inj.loss(2, 1.0) == 1.0  # one-shot
     assert inj.loss(3, 2.0) == 20.0
-    assert inj.checkpoint_fault(3) is None and inj.checkpoint_fault(5) == "fail"
+    assert inj.checkpoint_fault(3) is None
+    due = inj.checkpoint_fault(5)
+    assert due is not None and due.kind == "ckpt_fail"
+    assert inj.checkpoint_fault(6) is due  # a save skipped behind a slow persist leaves it armed
+    inj.fired(due, 6)
+    assert inj.checkpoint_fault(7) is None
     assert fired == ["nan", "spike", "ckpt_fail"]
     other = FaultInjector(parse_faults(["spike:step=3,rank=1"]), rank=0, emit=lambda ev, **f: None)
     assert other.loss(3, 2.0) == 2.0

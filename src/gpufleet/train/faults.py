@@ -192,10 +192,14 @@ class FaultInjector:
                 return float("nan") if f.kind == "nan" else value * f.factor
         return value
 
-    def checkpoint_fault(self, step: int) -> str | None:
-        """'fail' or 'corrupt' for a save at ``step`` when a checkpoint fault is due."""
-        for f in list(self._faults):
+    def checkpoint_fault(self, step: int) -> Fault | None:
+        """The checkpoint fault due for a save at ``step``, not yet fired: call :meth:`fired` once the
+        save has really started (a save skipped behind a slow persist must not use the fault up)."""
+        for f in self._faults:
             if f.kind in ("ckpt_fail", "ckpt_corrupt") and f.step is not None and step >= f.step:
-                self._fire(f, step)
-                return "fail" if f.kind == "ckpt_fail" else "corrupt"
+                return f
         return None
+
+    def fired(self, f: Fault, step: int) -> None:
+        """Record that ``f`` took effect at ``step`` (one-shot faults are dropped)."""
+        self._fire(f, step)

@@ -213,10 +213,13 @@ class Run:
             "world_size": self.world_size,
         }
         fault = self._faults.checkpoint_fault(step)
+        kind = None if fault is None else ("fail" if fault.kind == "ckpt_fail" else "corrupt")
         deferred = self._mapper.deferred_keys() if self.settings.overlap_staging and not force else None
         t0 = time.monotonic()
-        started = engine.save(step, sd, meta=meta, deferred=deferred, force=force, fault=fault)
+        started = engine.save(step, sd, meta=meta, deferred=deferred, force=force, fault=kind)
         self._stall += time.monotonic() - t0
+        if started and fault is not None:
+            self._faults.fired(fault, step)
         if started:
             self._last_saved_step = step
             if self.is_main:
