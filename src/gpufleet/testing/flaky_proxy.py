@@ -92,13 +92,23 @@ class _Handler(BaseHTTPRequestHandler):
             remaining -= len(chunk)
             yield chunk
 
+    def _write(self, data: bytes | None = None) -> None:
+        """Send the headers (``None``) or body bytes, noting the time first: the client cannot hold a
+        complete response before its last write began, so the log's ``end`` precedes, by cause and
+        effect, any request the client sends after it."""
+        self._last_write = time.time()
+        if data is None:
+            self.end_headers()
+        else:
+            self.wfile.write(data)
+
     def _send(self, status: int, body: bytes, ctype: str) -> None:
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
+        self._write()
         if self.command != "HEAD":
-            self.wfile.write(body)
+            self._write(body)
 
     def _handle(self) -> None:
         st = self.server.state
@@ -108,7 +118,7 @@ class _Handler(BaseHTTPRequestHandler):
                 body = json.dumps(doc).encode()
             self._send(200, body, "application/json")
             return
-        start = time.time()
+        start = self._last_write = time.time()
         err = st.decide()
         if err is not None:
             for _ in self._body_chunks():
@@ -130,7 +140,7 @@ class _Handler(BaseHTTPRequestHandler):
                     "status": status,
                     "injected": err is not None,
                     "start": start,
-                    "end": time.time(),
+                    "end": self._last_write,
                 }
             )
 
@@ -160,13 +170,13 @@ class _Handler(BaseHTTPRequestHandler):
                     self.send_header(name, value)
             if body is not None:
                 self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
+            self._write()
             if body is not None:
                 if self.command != "HEAD":
-                    self.wfile.write(body)
+                    self._write(body)
             elif self.command != "HEAD":
                 while chunk := resp.read(_CHUNK):
-                    self.wfile.write(chunk)
+                    self._write(chunk)
             return resp.status
         finally:
             conn.close()
