@@ -84,3 +84,16 @@ def test_examples_ship_with_their_source() -> None:
     with pytest.raises(UsageError, match="profile not found"):
         pm.load_profile("no-such-profile")
     assert json.loads(json.dumps(pm.load_profile("opt-13b-a100").to_json()))["version"] == 1
+
+
+def test_overlap_share_tells_serial_from_batching_servers() -> None:
+    from types import SimpleNamespace as R
+
+    # one at a time: the second request's first token comes after the first's last one
+    serial = [R(sent_s=0.0, ttft_s=0.1, e2e_s=1.0), R(sent_s=0.0, ttft_s=1.05, e2e_s=2.0)]
+    assert pm.overlap_share(serial) == 0.0
+    # batching: both stream at once
+    batched = [R(sent_s=0.0, ttft_s=0.1, e2e_s=1.1), R(sent_s=0.05, ttft_s=0.1, e2e_s=1.1)]
+    assert pm.overlap_share(batched) == pytest.approx(0.95 / 2.0)
+    assert pm.overlap_share(serial) < pm.SERIAL_OVERLAP < pm.overlap_share(batched)
+    assert pm.overlap_share([R(sent_s=0.0, ttft_s=None, e2e_s=None)]) == 0.0
