@@ -118,39 +118,27 @@ def test_gloo_allreduce_two_processes(fleet):
     )
 
 
+def nvml(recording: str) -> dict[str, str]:
+    """Environment selecting the shipped fake NVML module and one of its recordings."""
+    return {"GPUFLEET_NVML_MODULE": FAKE_NVML_MODULE, "GPUFLEET_FAKE_NVML": str(data_path(recording))}
+
+
 def test_watch_moves_node_to_suspect_and_back_and_nodes_shows_it(fleet):
-    plan = write_plan(fleet.parent / "mm.toml", "compute.matmul", params={"compute.matmul": FAST})
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs two CPU cores for the node-peer rule")
-    lane = sorted(os.sched_getaffinity(0))[-1]
-    slow = {"GPUFLEET_HEALTH_INJECT_SLOW": f"compute.matmul:cpu{lane}=0.5"}
-    p = gf(
-        "health",
-        "watch",
-        "--plan",
-        plan,
-        "--count",
-        "2",
-        "--interval",
-        "0",
-        "--node",
-        "w1",
-        "--json",
-        env=slow,
-    )
+    # Recorded NVML state, not measurements, so every round's verdict is fixed: gpu3 of the bad
+    # recording fails gpu.state (ECC, row remapping, throttling), the OK recording passes.
+    plan = write_plan(fleet.parent / "gpu.toml", "gpu.state")
+    watch = ("health", "watch", "--plan", plan, "--interval", "0", "--node", "w1", "--json")
+    p = gf(*watch, "--count", "2", env=nvml("nvml_h100_bad_gpu3.json"))
     assert p.returncode == 0, p.stderr
     rounds = [json.loads(x) for x in p.stdout.splitlines()]
-    assert rounds[0]["status"] == "FAIL" and rounds[0]["transition"]["state"] == "suspect"
+    assert len(rounds) == 2 and [r["status"] for r in rounds] == ["FAIL", "FAIL"]
+    assert rounds[0]["transition"]["state"] == "suspect"
+    assert rounds[0]["transition"]["reason"].startswith("gpufleet: gpu.state [gpu3]: ")
     assert rounds[1]["transition"] is None  # still failing: no new transition
-    # The repair round: the same check with the peer rule off, so a busy neighbour core on this shared
-    # host cannot fail it; only the absolute floor applies.
-    calm = write_plan(
-        fleet.parent / "mm-calm.toml",
-        "compute.matmul",
-        params={"compute.matmul": {**FAST, "peer_rule": False}},
-    )
-    p = gf("health", "watch", "--plan", calm, "--count", "1", "--interval", "0", "--node", "w1", "--json")
-    assert json.loads(p.stdout)["transition"]["state"] == "healthy"
+    p = gf(*watch, "--count", "1", env=nvml("nvml_h100_ok.json"))  # the GPU was repaired
+    assert p.returncode == 0, p.stderr
+    (repaired,) = [json.loads(x) for x in p.stdout.splitlines()]
+    assert repaired["status"] == "OK" and repaired["transition"]["state"] == "healthy"
     p = gf("nodes", "--json")
     out = json.loads(p.stdout)
     (row,) = out["nodes"]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -173,21 +175,87 @@ def test_clock_without_reference_is_incomplete():
 MATMUL = {"name": "compute.matmul", "params": {"samples": 40, "cpu_devices": 2}}
 
 
-def test_relative_check_catches_an_injected_slow_device():
-    env = {"GPUFLEET_HEALTH_INJECT_SLOW": "compute.matmul:cpu1=0.5"}
+class VirtualClock:
+    """Stands in for the ``time`` module of ``measure``: time moves only when the test says so.
+
+    ``perf_counter`` advances by a 1 us tick per call, so ``stretch``'s spin-wait ends; ``sleep`` advances
+    by its argument. With a stub matmul that takes exactly 1 ms of this clock, the measured times depend on
+    the code under test alone, not on how busy the machine is (a pinned sample on a busy core of a shared
+    CI box can take several times longer than one on an idle core, real slowdown injection or not).
+    """
+
+    TICK = 1e-6
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        t = self.now
+        self.now += self.TICK
+        return t
+
+    def sleep(self, seconds: float) -> None:
+        assert seconds >= 0
+        self.now += seconds
+
+
+MATMUL_S = 1e-3  # virtual seconds one stub torch.mm takes
+
+
+@pytest.fixture
+def virtual_matmul(monkeypatch):
+    """Run compute.matmul's CPU path (pinning, injection, min of samples, peer rule) on a virtual clock.
+
+    Returns the names of the two CPU lanes the check measures on this machine and the stub's calls."""
+    import torch
+
+    from gpufleet.health.checks import compute, measure
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPU cores: the check measures one lane per core")
+    clock = VirtualClock()
+    monkeypatch.setattr(measure, "time", clock)
+    calls = []
+
+    def mm(a, b):
+        calls.append((a.shape, b.shape))
+        clock.now += MATMUL_S
+
+    monkeypatch.setattr(torch, "mm", mm)
+    params = MATMUL["params"]
+    lanes = compute.cpu_lanes(SimpleNamespace(param=lambda k, d=None: params.get(k, d)))
+    return [f"cpu{c}" for c in lanes], calls
+
+
+def ran_on_the_stub(calls: list) -> bool:
+    """Warm-up plus one stub call per lane and sample: the check really measured through the stub."""
+    return len(calls) == 1 + 2 * MATMUL["params"]["samples"] and calls[0] == ((256, 256), (256, 256))
+
+
+def test_relative_check_catches_an_injected_slow_device(virtual_matmul):
+    (fast, slow), calls = virtual_matmul
+    env = {"GPUFLEET_HEALTH_INJECT_SLOW": f"compute.matmul:{slow}=0.5"}
     rep = run_plan(plan(MATMUL), get_profile("CPU"), env=env)
-    slow = {r.device: r for r in rep.results}
-    assert slow["cpu1"].status is Status.FAIL and "below the best device" in slow["cpu1"].detail
-    assert slow["cpu0"].status is Status.OK
+    assert ran_on_the_stub(calls), [r.detail for r in rep.results]
+    by_dev = {r.device: r for r in rep.results}
+    assert set(by_dev) == {fast, slow}
+    assert by_dev[slow].status is Status.FAIL and "below the best device" in by_dev[slow].detail
+    assert by_dev[slow].detail.startswith("50% below")
+    assert by_dev[fast].status is Status.OK and by_dev[fast].detail == "ok"
 
 
-def test_peer_rule_can_be_turned_off_per_check():
-    env = {"GPUFLEET_HEALTH_INJECT_SLOW": "compute.matmul:cpu1=0.5"}
+def test_peer_rule_can_be_turned_off_per_check(virtual_matmul):
+    (fast, slow), calls = virtual_matmul
+    env = {"GPUFLEET_HEALTH_INJECT_SLOW": f"compute.matmul:{slow}=0.5"}
     calm = {"name": "compute.matmul", "params": {**MATMUL["params"], "peer_rule": False}}
     rep = run_plan(plan(calm), get_profile("CPU"), env=env)
+    assert ran_on_the_stub(calls), [r.detail for r in rep.results]
     by_dev = {r.device: r for r in rep.results}
-    assert by_dev["cpu1"].status is Status.OK  # half speed, but far above the CPU floor of 1 GFLOPS
-    assert by_dev["cpu1"].value < by_dev["cpu0"].value
+    flops = 2.0 * 256**3 / MATMUL_S / 1e9  # GFLOPS of one 1 ms fp32 256x256 matmul
+    assert by_dev[fast].value == pytest.approx(flops, rel=1e-2)
+    assert by_dev[slow].value == pytest.approx(flops / 2, rel=1e-2)  # 0.5 injected: half the throughput
+    assert by_dev[slow].status is Status.OK  # half speed, but far above the CPU floor of 1 GFLOPS
+    assert "relative" not in by_dev[slow].data
 
 
 def test_fleet_rule_and_recording(tmp_path):
