@@ -7,6 +7,10 @@ Stated client error (what these tests allow, on a loaded 2-core CI host):
   (connect, send, parse), the mock never answers early;
 * ITL p50 and TPOT p50 within +-3 ms of the configured per-token time.
 On a quiet host the error is about +1.3 ms TTFT and < 0.3 ms ITL (benchmarks/bench_ttft_accuracy.py).
+That accuracy is checked once, in test_ttft_itl_match_configured_truth. The other tests check the
+model, not the accuracy: they keep the lower bound (the mock is never early) and, above, tell apart
+only what the model separates (queued or not, first content chunk or the next) at the midpoint, so
+that TCP connect and a loaded host's scheduling cannot decide them.
 """
 
 from __future__ import annotations
@@ -63,21 +67,36 @@ def test_queueing_beyond_max_batch_grows_ttft_as_modelled(
     serve_mock: Callable[..., MockProcess], tmp_path: Path
 ) -> None:
     # Model: max batch 2, itl(2) = 20 ms * (1 + 0.5) = 30 ms, 8 output tokens, so a request holds
-    # its slot S = 100 ms + 7 * 30 ms = 310 ms. With 4 closed-loop users, 2 run and 2 wait: every
-    # request after the first two waits one S, so its TTFT is S + 100 ms = 410 ms; TPOT is 30 ms.
-    mock = serve_mock("--ttft", "100ms", "--itl", "20ms", "--max-batch", "2", "--alpha", "0.5")
+    # its slot S = 100 ms + 7 * 30 ms = 310 ms. With 4 closed-loop users, 2 run and 2 wait: the
+    # first two requests get a slot at once (TTFT 100 ms); every later one waits one S, so its
+    # TTFT is S + 100 ms = 410 ms; TPOT is 30 ms. What the client measures is off by its own
+    # timing (TCP connect on the first requests, a late send after a reply shortens the wait), so
+    # each TTFT is classed by the number of S it waited, with half an S either side.
+    args = ("--ttft", "100ms", "--itl", "20ms", "--max-batch", "2", "--alpha", "0.5")
+    S = 310.0
+
+    def waited(ttft_ms: float, slots: int) -> bool:
+        lo = 100 - TTFT_LO_MS if slots == 0 else 100 + (slots - 0.5) * S
+        return lo <= ttft_ms < 100 + (slots + 0.5) * S
+
+    mock = serve_mock(*args)
     s = bench(mock.url, tmp_path / "c4", "--workload", "in=fixed:16;out=fixed:8", "--requests", "10",
               "--concurrency", "4")  # fmt: skip
-    ttft = s["latency_ms"]["ttft"]
-    assert 100 - TTFT_LO_MS <= ttft["min"] <= 100 + TTFT_HI_MS, ttft
-    assert 410 - TTFT_LO_MS <= ttft["p50"] <= 410 + 2 * TTFT_HI_MS, ttft
+    ttfts = sorted(float(r["ttft_ms"]) for r in rows(tmp_path / "c4"))
+    assert len(ttfts) == 10 and s["requests"]["ok"] == 10
+    assert all(waited(t, 0) for t in ttfts[:2]) and all(waited(t, 1) for t in ttfts[2:]), ttfts
     assert abs(s["latency_ms"]["tpot"]["p50"] - 30) <= ITL_TOL_MS
     stats = mock.stats()
-    assert stats["max_running"] == 2 and stats["max_waiting"] == 2
-    # Within the batch size nothing queues: TTFT stays at the configured 100 ms.
-    s2 = bench(mock.url, tmp_path / "c2", "--workload", "in=fixed:16;out=fixed:8", "--requests", "6",
-               "--concurrency", "2")  # fmt: skip
-    assert 100 - TTFT_LO_MS <= s2["latency_ms"]["ttft"]["p50"] <= 100 + TTFT_HI_MS
+    assert stats["max_running"] == 2 and stats["max_waiting"] == 2 and stats["completed"] == 10
+    # Within the batch size nothing queues (a fresh mock, so its peak queue is this run's): every
+    # TTFT is the configured 100 ms, with no wait.
+    mock2 = serve_mock(*args)
+    bench(mock2.url, tmp_path / "c2", "--workload", "in=fixed:16;out=fixed:8", "--requests", "6",
+          "--concurrency", "2")  # fmt: skip
+    ttfts2 = [float(r["ttft_ms"]) for r in rows(tmp_path / "c2")]
+    assert len(ttfts2) == 6 and all(waited(t, 0) for t in ttfts2), ttfts2
+    stats2 = mock2.stats()
+    assert stats2["max_running"] == 2 and stats2["max_waiting"] == 0 and stats2["completed"] == 6
 
 
 @pytest.mark.parametrize("mode", ["500", "midstream", "disconnect", "mixed"])
@@ -100,17 +119,20 @@ def test_empty_chunks_and_multi_token_chunks_are_not_tokens(
     serve_mock: Callable[..., MockProcess], tmp_path: Path
 ) -> None:
     # llama.cpp-like: empty chunks everywhere and no usage in the stream; 4 tokens per chunk.
-    mock = serve_mock("--ttft", "20ms", "--itl", "5ms", "--empty-chunks", "3", "--tokens-per-chunk", "4",
+    mock = serve_mock("--ttft", "20ms", "--itl", "30ms", "--empty-chunks", "3", "--tokens-per-chunk", "4",
                       "--no-stream-usage")  # fmt: skip
     s = bench(mock.url, tmp_path, "--workload", "in=fixed:8;out=fixed:16", "--requests", "4", "--rate", "10")
     assert s["tokens"]["source"] != "usage"  # labelled: it came from somewhere else
     assert s["tokens"]["output_per_request"]["p50"] == 16  # not 4 chunks, not 4 * 4 + empties
     for r in rows(tmp_path):
         assert int(r["chunks"]) == 4 and int(r["output_tokens"]) == 16
-    # TTFT is at the first content: the first chunk carries 4 tokens, due at 20 + 3 * 5 ms.
-    assert 35 - TTFT_LO_MS <= s["latency_ms"]["ttft"]["p50"] <= 35 + TTFT_HI_MS
-    # TPOT = (e2e - TTFT) / (tokens - 1) = 12 * 5 ms / 15 = 4 ms
-    assert abs(s["latency_ms"]["tpot"]["p50"] - 4.0) <= ITL_TOL_MS
+    # TTFT is at the first content, not at the role and empty chunks sent at once: the first
+    # content chunk carries 4 tokens, due at 20 + 3 * 30 = 110 ms, and the mock is never early.
+    # The next content chunk is due 4 * 30 ms later, at 230 ms; the midpoint tells the two apart.
+    ttft = s["latency_ms"]["ttft"]
+    assert 110 - TTFT_LO_MS <= ttft["min"] and ttft["p50"] < (110 + 230) / 2, ttft
+    # TPOT = (e2e - TTFT) / (tokens - 1) = 12 * 30 ms / 15 = 24 ms
+    assert abs(s["latency_ms"]["tpot"]["p50"] - 24.0) <= ITL_TOL_MS
 
 
 def test_context_overflow_is_a_counted_400(serve_mock: Callable[..., MockProcess], tmp_path: Path) -> None:

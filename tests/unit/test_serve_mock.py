@@ -93,6 +93,7 @@ class Reply:
     body: bytes = b""
     events: list[tuple[float, Any]] = field(default_factory=list)  # (seconds since send, data)
     closed_early: bool = False
+    sent_at: float = 0.0  # perf_counter() when the request was written
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -116,7 +117,7 @@ async def request(
         status = int(head.split(" ", 2)[1])
         pairs = (ln.partition(":") for ln in head.split("\r\n")[1:] if ln)
         headers = {k.strip().lower(): v.strip() for k, _, v in pairs}
-        reply = Reply(status, headers)
+        reply = Reply(status, headers, sent_at=t0)
         if headers.get("transfer-encoding") != "chunked":
             reply.body = await reader.readexactly(int(headers["content-length"]))
             return reply
@@ -300,14 +301,22 @@ def test_timing_ttft_and_itl_in_process() -> None:
 
 
 def test_queueing_beyond_max_batch_and_client_gone_frees_slot() -> None:
-    cfg = MockConfig(ttft_s=0.05, itl_s=0.01, max_batch=2, alpha=1.0)
+    cfg = MockConfig(ttft_s=0.05, itl_s=0.03, max_batch=2, alpha=1.0)
 
     async def fn(port: int, server: MockServer) -> None:
+        start = time.perf_counter()
         replies = await asyncio.gather(*(request(port, "/v1/chat/completions", chat(5)) for _ in range(4)))
-        ttfts = sorted(token_times(r)[0] for r in replies)
-        service = cfg.service_time(3, 5, 2)  # 0.05 + 4 * 0.02 = 0.13 s
-        assert ttfts[1] < 0.1 and ttfts[2] >= service + cfg.ttft_s - 0.01, ttfts
+        # Two run at once and two wait for a slot: a running request holds it for one service time.
+        service = cfg.service_time(3, 5, 2)  # 0.05 + 4 * 0.06 = 0.29 s
         assert server.scheduler.max_running == 2 and server.scheduler.max_waiting == 2
+        # The mock is never early and admitted nothing before `start`, so the two queued requests'
+        # first tokens come at least service + ttft after it (their own TTFT is shorter when this
+        # loop wrote them late). A request not queued has a TTFT of ttft plus this loop's own
+        # delays; it is told apart from a queued one at half a service time.
+        ttfts = sorted(token_times(r)[0] for r in replies)
+        firsts = sorted(r.sent_at + token_times(r)[0] - start for r in replies)
+        assert cfg.ttft_s - 0.001 <= ttfts[0] and ttfts[1] < cfg.ttft_s + service / 2, ttfts
+        assert firsts[2] >= service + cfg.ttft_s - 0.001, firsts
         # A streaming client that goes away releases its slot at the next token.
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         data = json.dumps(chat(1000)).encode()
