@@ -27,3 +27,12 @@ def test_unknown_command_is_one_line_exit_2():
     )
     assert p.returncode == 2
     assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+
+
+def test_version_flag_prints_the_package_version():
+    from importlib.metadata import version
+
+    for flag in ("--version", "-V"):
+        p = subprocess.run([sys.executable, "-m", "gpufleet.cli.main", flag], capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.strip() == f"gpufleet {version('gpufleet')}"

@@ -22,6 +22,27 @@ app = typer.Typer(
 )
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            v = version("gpufleet")
+        except PackageNotFoundError:  # running from a source tree that was never installed
+            from gpufleet import __version__ as v
+        print(f"gpufleet {v}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", "-V", is_eager=True, callback=_show_version, help="Print the version and exit."
+    ),
+) -> None:
+    """Keep every GPU in a fleet doing useful work."""
+
+
 def _register() -> None:
     # Imported here so `gpufleet --help` costs only Typer; each module imports torch lazily.
     from gpufleet.cli import ckpt, demo, report, run
