@@ -106,6 +106,27 @@ def test_planned_shape_beats_naive_default_per_gpu() -> None:
     assert res.chosen.max_rate / res.chosen.gpus >= naive_rate / naive.gpus
 
 
+def test_chunked_prefill_plan_launches_what_it_modelled(tmp_path: Path) -> None:
+    prof = load_profile("opt-13b-a100-distserve")
+    tr = parse_traffic("rate=10;in=fixed:512;out=fixed:64;cv=1")
+    slo = Slo({"ttft": (90, 0.4), "tpot": (90, 0.04)}, 0.9)
+    opts = pl.PlanOptions(slo, modes=("aggregated",), n_sim=600, chunked_prefill=512)
+    res = pl.plan(prof, tr, opts)
+    c = res.chosen
+    assert c.feasible and c.chunk == 512 and "chunk 512" in c.label()
+    assert all(x.chunk == 512 for x in res.candidates)
+    keys = {"ttft": "ttft_p90_ms", "tpot": "tpot_p90_ms"}
+    doc = lm.plan_document(res, prof, tr, opts, "fig1", {"name": "hgx8", "gpus": 8}, keys)
+    args = doc["launch"]["vllm_args"]
+    assert "--enable-chunked-prefill" in args and "--no-enable-chunked-prefill" not in args
+    assert args[args.index("--max-num-batched-tokens") + 1] == "512"
+    # the plan file round-trips the budget, so --replan simulates the same engine
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    again, _ = lm.candidate_from_plan(path)
+    assert again.chunk == 512 and again.max_batch == c.max_batch
+
+
 def test_replan_rebalances_pd() -> None:
     prof = load_profile("opt-13b-a100")
     slo = Slo({"ttft": (90, 0.5), "tpot": (90, 0.06)}, 0.9)
@@ -179,6 +200,7 @@ def test_cli_plan_files_and_exit_codes(tmp_path: Path) -> None:
         (["--traffic", "rate=2", "--rack", "nvl9000"], "unknown rack"),
         (["--traffic", str(tmp_path / "missing.jsonl")], "trace file not found"),
         (["--traffic", "rate=2", "--slo", "ttft_p90=fast"], "--slo"),
+        (["--traffic", "rate=2", "--chunked-prefill", "10"], "--chunked-prefill"),
     ):
         r = _cli("plan", "--profile", "opt-13b-a100", *args)
         assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

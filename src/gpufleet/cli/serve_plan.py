@@ -197,6 +197,14 @@ def plan_command(
         float | None, Opt("--price-per-gpu-hour", help="Report cost; choose the lowest cost.")
     ] = None,
     kv_gbps: Annotated[float, Opt("--kv-gbps", help="P->D KV-cache transfer bandwidth, GB/s.")] = 100.0,
+    chunked_prefill: Annotated[
+        int,
+        Opt(
+            "--chunked-prefill",
+            help="Aggregated engines chunk prefills with this token budget per iteration (vLLM V1 "
+            "style; 0 = whole prompts first, as DistServe's vLLM did).",
+        ),
+    ] = 0,
     mode: Annotated[str, Opt("--mode", help="both | aggregated | disaggregated")] = "both",
     rate: Annotated[float | None, Opt("--rate", help="Override the traffic's rate (req/s).")] = None,
     name: Annotated[str | None, Opt("--name", help="Workload name in plan.json.")] = None,
@@ -227,6 +235,8 @@ def plan_command(
         raise UsageError(f"--price-per-gpu-hour must be >= 0 (got {price:g})")
     if not kv_gbps > 0 or sim_requests < 100 or max_gpus < 1:
         raise UsageError("--kv-gbps must be > 0, --sim-requests >= 100, --max-gpus >= 1")
+    if chunked_prefill < 0 or 0 < chunked_prefill < 64:
+        raise UsageError(f"--chunked-prefill must be 0 (off) or >= 64 tokens (got {chunked_prefill})")
     modes = {
         "both": ("aggregated", "disaggregated"),
         "aggregated": ("aggregated",),
@@ -237,7 +247,17 @@ def plan_command(
     dom = _domain(gpus_per_node, rack)
     slo_obj, keys = parse_plan_slo(slo, attainment)
     prof = load_profile(profile)
-    opts = pl.PlanOptions(slo_obj, dom["gpus"], price, kv_gbps, sim_requests, max_gpus, modes, seed)
+    opts = pl.PlanOptions(
+        slo_obj,
+        dom["gpus"],
+        price,
+        kv_gbps,
+        sim_requests,
+        max_gpus,
+        modes,
+        seed,
+        chunked_prefill=chunked_prefill,
+    )
     if replan_flag:
         if current is None or window is None:
             raise UsageError("--replan needs --current PLAN.json and --window TRAFFIC")

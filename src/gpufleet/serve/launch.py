@@ -49,7 +49,9 @@ def groups(c: Candidate, domain_gpus: int) -> list[dict[str, Any]]:
     return out
 
 
-def _vllm(model: str, tp: int, batch: int, tokens: int, extra: list[str] | None = None) -> list[str]:
+def _vllm(
+    model: str, tp: int, batch: int, tokens: int, extra: list[str] | None = None, chunked: bool = False
+) -> list[str]:
     return [
         "vllm",
         "serve",
@@ -60,7 +62,7 @@ def _vllm(model: str, tp: int, batch: int, tokens: int, extra: list[str] | None 
         str(batch),
         "--max-num-batched-tokens",
         str(tokens),
-        "--no-enable-chunked-prefill",
+        "--enable-chunked-prefill" if chunked else "--no-enable-chunked-prefill",
         *(extra or []),
     ]
 
@@ -68,9 +70,9 @@ def _vllm(model: str, tp: int, batch: int, tokens: int, extra: list[str] | None 
 def launch(c: Candidate, prof: Profile, domain_gpus: int) -> dict[str, Any]:
     """vLLM arguments (aggregated: one command per replica) or a P/D deployment description."""
     if c.mode == "aggregated":
-        tokens = prof.tps[c.tp].prefill_max_tokens
+        tokens = c.chunk or prof.tps[c.tp].prefill_max_tokens
         return {
-            "vllm_args": _vllm(prof.model, c.tp, c.max_batch, tokens),
+            "vllm_args": _vllm(prof.model, c.tp, c.max_batch, tokens, chunked=c.chunk > 0),
             "replicas": c.replicas,
             "router": "any least-loaded / round-robin HTTP load balancer over the replicas",
         }
@@ -176,6 +178,7 @@ def candidate_from_plan(path: Path) -> tuple[Candidate, dict[str, Any]]:
                 tp=int(cfg["tp"]),
                 replicas=int(cfg["replicas"]),
                 max_batch=int(cfg["max_batch"]),
+                chunk=int(cfg.get("chunked_prefill", 0)),  # absent in plans written before it existed
             )
         else:
             p, d = cfg["prefill"], cfg["decode"]

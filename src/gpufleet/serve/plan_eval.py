@@ -18,7 +18,7 @@ from gpufleet.serve.traffic import Traffic
 
 def simulate(c: Candidate, prof: Profile, req: Requests, kv_gbps: float) -> SimResult:
     if c.mode == "aggregated":
-        return simulate_aggregated(req, prof.tps[c.tp], c.replicas, c.max_batch)
+        return simulate_aggregated(req, prof.tps[c.tp], c.replicas, c.max_batch, c.chunk)
     return simulate_disaggregated(
         req,
         prof.tps[c.p_tp],

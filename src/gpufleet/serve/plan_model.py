@@ -24,6 +24,7 @@ class PlanOptions:
     seed: int = 0
     rel_tol: float = 0.02
     size_top: int = 10  # shapes simulated at full scale (the rest keep their estimate)
+    chunked_prefill: int = 0  # aggregated engines: token budget per iteration (0 = no chunked prefill)
 
 
 @dataclass
@@ -32,6 +33,7 @@ class Candidate:
     tp: int = 0  # aggregated
     replicas: int = 0
     max_batch: int = 0
+    chunk: int = 0  # aggregated: chunked-prefill token budget (0 = whole prompts, prefill first)
     p_tp: int = 0  # disaggregated
     p_replicas: int = 0
     p_batch: int = 0
@@ -52,7 +54,8 @@ class Candidate:
 
     def label(self) -> str:
         if self.mode == "aggregated":
-            return f"agg {self.replicas}x(TP{self.tp}, batch {self.max_batch})"
+            chunk = f", chunk {self.chunk}" if self.chunk else ""
+            return f"agg {self.replicas}x(TP{self.tp}, batch {self.max_batch}{chunk})"
         return (
             f"disagg {self.p_replicas}P(TP{self.p_tp}) + {self.d_replicas}D(TP{self.d_tp}, "
             f"batch {self.d_batch})"
@@ -65,6 +68,7 @@ class Candidate:
                 "tp": self.tp,
                 "replicas": self.replicas,
                 "max_batch": self.max_batch,
+                "chunked_prefill": self.chunk,
                 "gpus": self.gpus,
             }
         return {

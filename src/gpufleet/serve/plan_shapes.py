@@ -33,12 +33,16 @@ def aggregated_shapes(prof: Profile, traffic: Traffic, opts: PlanOptions, u: Req
         for b in _batches(tp):
             r1 = bisect_max_rate(
                 lambda r, t=tp, bb=b: bool(
-                    evaluate(simulate_aggregated(scaled(u, r), t, 1, bb), opts.slo)["passed"]
+                    evaluate(simulate_aggregated(scaled(u, r), t, 1, bb, opts.chunked_prefill), opts.slo)[
+                        "passed"
+                    ]
                 ),
                 initial_guess(tp, li, lo),
                 opts.rel_tol,
             )
-            c = Candidate("aggregated", tp=tp.tp, replicas=1, max_batch=b, unit_rate=r1)
+            c = Candidate(
+                "aggregated", tp=tp.tp, replicas=1, max_batch=b, chunk=opts.chunked_prefill, unit_rate=r1
+            )
             if r1 <= 0:
                 out.append(floor_note(c, prof, traffic, opts))
                 continue

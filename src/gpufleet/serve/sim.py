@@ -8,6 +8,12 @@ order), one event per engine iteration, so the cost is O(iterations + requests·
   ``prefill_max_tokens`` tokens and ``max_batch`` running); its requests get their first token when
   it ends. Otherwise the iteration is one decode step of the whole running batch. Prefills stall
   running decodes: the interference DistServe removes.
+* **aggregated with chunked prefill** (vLLM V1 / Sarathi-Serve-like, ``chunk`` > 0): every
+  iteration has a budget of ``chunk`` tokens; running decodes take one each, the rest goes to the
+  prompts being prefilled, FIFO, a piece at a time. A prompt piece of k tokens after p done costs
+  b·k + c·((p+k)² − p²), so the pieces of one prompt add up to its whole prefill; the iteration
+  costs the decode step plus its pieces. Decodes never stall for a whole prompt, but every step
+  carries some prefill: interference spread thin instead of in bursts.
 * **disaggregated**: prefill instances only prefill (FIFO batches); the KV cache then moves to a
   decode instance in ``input_len × kv_bytes_per_token / bandwidth``; decode instances admit
   arrivals at step boundaries and only decode.
@@ -146,6 +152,74 @@ def _batch_instance(
     return first, finish
 
 
+def _chunked_instance(
+    arr: list[float], inp: list[int], out: list[int], tp: TpProfile, max_batch: int, chunk: int
+) -> tuple[list[float], list[float]]:
+    """(first-token, finish) times of an aggregated instance with chunked prefill (module doc)."""
+    n = len(arr)
+    first = [0.0] * n
+    finish = [0.0] * n
+    cap = tp.kv_capacity_tokens or float("inf")
+    pa, pb, pc = tp.prefill.a, tp.prefill.b, tp.prefill.c
+    da, db, dc = tp.decode.a, tp.decode.b, tp.decode.c
+    waiting: deque[int] = deque()
+    filling: deque[list[int]] = deque()  # [index, prompt tokens done], admitted, FIFO
+    running: list[tuple[int, int]] = []  # (finish step, index)
+    step = batch = nxt = done = 0
+    sum_ctx = reserved = t = 0.0
+    while done < n:
+        while nxt < n and arr[nxt] <= t:
+            waiting.append(nxt)
+            nxt += 1
+        while waiting and batch + len(filling) < max_batch:
+            k = waiting[0]
+            need = inp[k] + out[k]
+            if reserved + need > cap and (batch or filling):
+                break
+            waiting.popleft()
+            filling.append([k, 0])
+            reserved += need
+        if not filling and batch == 0:
+            t = arr[nxt]
+            continue
+        room = chunk - batch  # decodes first: one token each
+        cost = (da + db * sum_ctx + dc * batch) if batch else pa
+        finished: list[int] = []
+        for item in filling:
+            if room <= 0:
+                break
+            k, p = item
+            piece = min(room, inp[k] - p)
+            cost += pb * piece + pc * ((p + piece) ** 2 - p * p)
+            item[1] = p + piece
+            room -= piece
+            if item[1] >= inp[k]:
+                finished.append(k)
+        t += cost / 1000.0
+        if batch:
+            step += 1
+            sum_ctx += batch
+            while running and running[0][0] <= step:
+                _, k = heapq.heappop(running)
+                finish[k] = t
+                batch -= 1
+                sum_ctx -= inp[k] + out[k] - 1
+                reserved -= inp[k] + out[k]
+                done += 1
+        for k in finished:
+            filling.popleft()  # pieces go FIFO, so the finished ones lead the queue
+            first[k] = t
+            if out[k] <= 1:
+                finish[k] = t
+                reserved -= inp[k] + out[k]
+                done += 1
+                continue
+            heapq.heappush(running, (step + out[k] - 1, k))
+            batch += 1
+            sum_ctx += inp[k]
+    return first, finish
+
+
 def _split(n: int, parts: int) -> list[np.ndarray]:
     idx = np.arange(n)
     return [idx[r::parts] for r in range(parts)]
@@ -157,19 +231,19 @@ def _result(req: Requests, first: np.ndarray, finish: np.ndarray) -> SimResult:
     return SimResult(first - req.arrival, tpot, out, float(finish.max()) if len(finish) else 0.0)
 
 
-def simulate_aggregated(req: Requests, tp: TpProfile, replicas: int, max_batch: int) -> SimResult:
+def simulate_aggregated(
+    req: Requests, tp: TpProfile, replicas: int, max_batch: int, chunk: int = 0
+) -> SimResult:
+    """Aggregated replicas; ``chunk`` > 0: chunked prefill with that token budget per iteration."""
     n = len(req.arrival)
     first = np.zeros(n)
     finish = np.zeros(n)
     for idx in _split(n, replicas):
-        f, e = _batch_instance(
-            req.arrival[idx].tolist(),
-            req.inp[idx].tolist(),
-            req.out[idx].tolist(),
-            tp,
-            max_batch,
-            prefill=True,
-        )
+        a, i, o = req.arrival[idx].tolist(), req.inp[idx].tolist(), req.out[idx].tolist()
+        if chunk > 0:
+            f, e = _chunked_instance(a, i, o, tp, max_batch, chunk)
+        else:
+            f, e = _batch_instance(a, i, o, tp, max_batch, prefill=True)
         first[idx] = f
         finish[idx] = e
     return _result(req, first, finish)
