@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from gpufleet.core.ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -98,9 +99,7 @@ RESHARD = textwrap.dedent(
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port()
 
 
 def _env(**extra: str) -> dict[str, str]:

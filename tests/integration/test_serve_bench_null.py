@@ -7,7 +7,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,6 +18,7 @@ import pytest
 
 pytest.importorskip("aiohttp", reason="the serve extra (aiohttp) is not installed")
 
+from gpufleet.core.ports import free_port  # noqa: E402
 from gpufleet.serve.findmax import Level, search_max_rate  # noqa: E402
 from gpufleet.serve.null_endpoint import NullEndpoint, start_null_endpoint  # noqa: E402
 
@@ -142,9 +142,7 @@ def test_find_max_rate_writes_capacity(null, tmp_path):
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port()
 
 
 def test_unreachable_url_counts_failures(tmp_path):

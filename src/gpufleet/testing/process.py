@@ -7,13 +7,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
+
+from gpufleet.core.ports import free_ports
 
 __all__ = [
     "ChildService",
@@ -24,20 +25,6 @@ __all__ = [
     "stop_pid_file",
     "write_env_file",
 ]
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free TCP ports on 127.0.0.1 (held open together so they differ)."""
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def is_alive(pid: int) -> bool:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -21,6 +20,7 @@ from gpufleet.core import events as E
 from gpufleet.core import exitcodes
 from gpufleet.core.errors import ConfigError
 from gpufleet.core.ledger import Ledger
+from gpufleet.core.ports import free_port
 from gpufleet.train.faults import Fault, faults_to_env, parse_faults
 from gpufleet.train.monitor import AttemptMonitor
 from gpufleet.train.rollback import RollbackPlanner
@@ -87,12 +87,6 @@ class _Failure:
     happened_t: float | None = None
     detail: str = ""
     node: str | None = None  # multi-node backends: the node whose agent failed
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Supervisor:
@@ -162,7 +156,7 @@ class Supervisor:
             command=self.cfg.command,
             nproc_per_node=self.cfg.nproc,
             env=env,
-            master_port=_free_port(),
+            master_port=free_port(),
             attempt=attempt,
             log_dir=log_dir,
         )

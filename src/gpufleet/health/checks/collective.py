@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 
+from gpufleet.core.ports import free_port
 from gpufleet.health.checks import Context, measured, register, result
 from gpufleet.health.results import CheckResult, Status
 
@@ -25,12 +25,6 @@ def busbw(nbytes: float, seconds: float, n: int) -> float:
     if n < 1 or seconds <= 0:
         raise ValueError("need n >= 1 and a positive time")
     return nbytes / seconds * 2.0 * (n - 1) / n
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @register("collective.allreduce", component="network", timeout_s=120)
@@ -51,7 +45,7 @@ def allreduce(ctx: Context) -> list[CheckResult]:
     else:
         world, backend, mb = int(ctx.param("cpu_procs", 2)), "gloo", float(ctx.param("cpu_mb", 8))
     iters = int(ctx.param("iters", 5))
-    port = _free_port()
+    port = free_port()
     timeout = ctx.remaining()
     env = {**ctx.env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
     procs = [
