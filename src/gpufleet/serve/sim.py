@@ -82,6 +82,21 @@ def _prefill_instance(arr: list[float], inp: list[int], tp: TpProfile, max_batch
     return first
 
 
+def _retire(
+    running: list[tuple[int, int]], step: int, t: float, finish: list[float], inp: list[int], out: list[int]
+) -> tuple[int, int, int]:
+    """Finish the requests whose last decode step is ``step`` (at time ``t``); returns how many, and
+    the context and KV-cache tokens they release."""
+    gone = ctx = kv = 0
+    while running and running[0][0] <= step:
+        _, k = heapq.heappop(running)
+        finish[k] = t
+        gone += 1
+        ctx += inp[k] + out[k] - 1
+        kv += inp[k] + out[k]
+    return gone, ctx, kv
+
+
 def _batch_instance(
     arr: list[float], inp: list[int], out: list[int], tp: TpProfile, max_batch: int, prefill: bool
 ) -> tuple[list[float], list[float]]:
@@ -142,13 +157,11 @@ def _batch_instance(
         t += (da + db * sum_ctx + dc * batch) / 1000.0
         step += 1
         sum_ctx += batch
-        while running and running[0][0] <= step:
-            _, k = heapq.heappop(running)
-            finish[k] = t
-            batch -= 1
-            sum_ctx -= inp[k] + out[k] - 1
-            reserved -= inp[k] + out[k]
-            done += 1
+        gone, ctx, kv = _retire(running, step, t, finish, inp, out)
+        batch -= gone
+        done += gone
+        sum_ctx -= ctx
+        reserved -= kv
     return first, finish
 
 
@@ -199,13 +212,11 @@ def _chunked_instance(
         if batch:
             step += 1
             sum_ctx += batch
-            while running and running[0][0] <= step:
-                _, k = heapq.heappop(running)
-                finish[k] = t
-                batch -= 1
-                sum_ctx -= inp[k] + out[k] - 1
-                reserved -= inp[k] + out[k]
-                done += 1
+            gone, ctx, kv = _retire(running, step, t, finish, inp, out)
+            batch -= gone
+            done += gone
+            sum_ctx -= ctx
+            reserved -= kv
         for k in finished:
             filling.popleft()  # pieces go FIFO, so the finished ones lead the queue
             first[k] = t
