@@ -214,3 +214,17 @@ def test_bad_input_is_one_line_exit_2(tmp_path, flags, needle):
         not (tmp_path / "r" / "ledger.jsonl").exists()
         or os.path.getsize(tmp_path / "r" / "ledger.jsonl") == 0
     )
+
+
+def test_auto_interval_measures_stall_persist_and_interference(tmp_path):
+    # the later --checkpoint-every wins over the helper's fixed 5
+    p = gpufleet_run(tmp_path, "--checkpoint-every", "auto", "--mtbf", "60", steps=40)
+    assert p.returncode == 0, p.stderr[-3000:]
+    decisions = evs(tmp_path, "interval")
+    assert decisions and decisions[0]["policy"] == "auto"
+    last = decisions[-1]
+    assert last["model"] == "daly" and last["every_steps"] >= 1 and last["mtbf_s"] == 60
+    # every input of the decision was measured in this run, the persist interference included
+    assert last["delta_s"] > 0 and last["persist_s"] > 0 and last["step_s"] > 0
+    assert last["interference_s"] >= 0
+    assert evs(tmp_path, "ckpt_committed") and evs(tmp_path, "run_end")[-1]["status"] == "completed"

@@ -124,6 +124,27 @@ def test_auto_respects_persist_and_one_step() -> None:
     assert d is not None and d["every_steps"] == 1
 
 
+def test_auto_charges_the_persist_interference() -> None:
+    # Clean steps take 0.10 s, steps overlapping a 0.6 s persist 0.15 s: one persist spans 4 such
+    # steps and costs them 4 × 0.05 = 0.2 s of training, far more than its 0.01 s stall.
+    mtbf = 600.0
+    p = IntervalPolicy.parse("auto", mtbf_s=mtbf)
+    p.observe(stall_s=0.01, persist_s=0.6)
+    for i in range(12):
+        p.observe(step_s=0.15 if i % 3 == 0 else 0.10, overlapped=i % 3 == 0)
+    d = p.decision()
+    assert d["interference_s"] == pytest.approx(0.2)
+    assert d["every_s"] == pytest.approx(daly(0.01 + 0.2, mtbf))
+    # without overlap information (or with no slowdown) only the stall counts, as before
+    q = IntervalPolicy.parse("auto", mtbf_s=mtbf)
+    q.observe(stall_s=0.01, persist_s=0.6)
+    for _ in range(12):
+        q.observe(step_s=0.10)
+    assert q.decision()["interference_s"] == 0.0
+    assert q.decision()["every_s"] == pytest.approx(max(daly(0.01, mtbf), 1.25 * 0.6))
+    assert d["every_steps"] > q.decision()["every_steps"]
+
+
 def test_auto_default_and_updated_mtbf() -> None:
     p = IntervalPolicy.parse("auto")
     d = p.observe(stall_s=1.0, step_s=1.0)

@@ -112,9 +112,13 @@ class CheckpointEngine:
             self._sink.emit(ev, **fields)
 
     # ---------------------------------------------------------------- save
-    def _busy(self) -> bool:
+    def persisting(self) -> bool:
+        """This rank has a save persisting in the background right now (local; no collective)."""
         job = self._job
-        busy = job is not None and job.thread is not None and job.thread.is_alive()
+        return job is not None and job.thread is not None and job.thread.is_alive()
+
+    def _busy(self) -> bool:
+        busy = self.persisting()
         if self._distributed:
             t = torch.tensor([1 if busy else 0], dtype=torch.int32)
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._ctl)

@@ -7,11 +7,14 @@ Formulas (δ = blocking checkpoint cost, M = mean time between failures, both in
 * Young (1974):  τ = √(2δM)
 * Daly (2004):   τ = √(2δM)·[1 + ⅓·√(δ/2M) + (δ/2M)/9] − δ   when δ < 2M, else τ = M
 
-``auto`` takes δ from the measured stalls (median of the recent ones), M from the run directory's
-ledger history (:func:`gpufleet.reliability.metrics.mtbf_history`) or a configured value, computes
-Daly's τ, raises it to at least ``persist_margin`` × the measured persist time (async saves: at most
-one in flight, so a save must have finished persisting before the next one is due) and to at least one
-step, then converts it to steps with the measured median step time (stall excluded).
+``auto`` takes δ from the measured stalls (median of the recent ones) plus the interference of the
+background persist (steps that overlap a persist run slower when its threads take CPU from
+training: (median overlapped step − median clean step) × the steps one persist spans), M from the
+run directory's ledger history (:func:`gpufleet.reliability.metrics.mtbf_history`) or a configured
+value, computes Daly's τ, raises it to at least ``persist_margin`` × the measured persist time
+(async saves: at most one in flight, so a save must have finished persisting before the next one is
+due) and to at least one step, then converts it to steps with the measured median step time (stall
+excluded).
 
 Until a stall has been measured, ``auto`` bootstraps: the first checkpoint is taken after
 ``bootstrap_steps`` steps (default 5) to measure δ; from then on the Daly interval applies.
@@ -121,12 +124,15 @@ class IntervalPolicy:
     spec: str = ""
     mtbf_source: str = "configured"  # where mtbf_s came from: "history" | "configured"
     delta_s: float | None = field(default=None, init=False)
+    interference_s: float = field(default=0.0, init=False)
     persist_s: float | None = field(default=None, init=False)
     step_s: float | None = field(default=None, init=False)
     tau_s: float | None = field(default=None, init=False)
     _stalls: deque[float] = field(default_factory=deque, init=False, repr=False)
     _persists: deque[float] = field(default_factory=deque, init=False, repr=False)
     _steps: deque[float] = field(default_factory=lambda: deque(maxlen=32), init=False, repr=False)
+    _clean: deque[float] = field(default_factory=lambda: deque(maxlen=32), init=False, repr=False)
+    _overlapped: deque[float] = field(default_factory=lambda: deque(maxlen=32), init=False, repr=False)
     _last_step: int | None = field(default=None, init=False, repr=False)
     _last_t: float | None = field(default=None, init=False, repr=False)
     _decided_steps: int | None = field(default=None, init=False, repr=False)
@@ -193,9 +199,15 @@ class IntervalPolicy:
         return self._recompute()
 
     def observe(
-        self, *, stall_s: float | None = None, step_s: float | None = None, persist_s: float | None = None
+        self,
+        *,
+        stall_s: float | None = None,
+        step_s: float | None = None,
+        persist_s: float | None = None,
+        overlapped: bool | None = None,
     ) -> dict[str, Any] | None:
-        """Feed measurements (a checkpoint's stall, a step's time without stall, a persist time).
+        """Feed measurements (a checkpoint's stall, a step's time without stall, a persist time;
+        ``overlapped``: whether that step ran while a save persisted in the background).
 
         In ``auto`` mode τ is recomputed; returns the decision (fields of an ``interval`` event) when
         ``every_steps`` changed materially, else None. Fixed policies always return None.
@@ -209,7 +221,17 @@ class IntervalPolicy:
         if step_s is not None and step_s > 0.0 and math.isfinite(step_s):
             self._steps.append(step_s)
             self.step_s = _median(self._steps)
+            if overlapped is not None:
+                (self._overlapped if overlapped else self._clean).append(step_s)
+        self.interference_s = self._interference()
         return self._recompute()
+
+    def _interference(self) -> float:
+        """Training time one background persist costs: the extra time of the steps it overlaps."""
+        if len(self._clean) < 3 or len(self._overlapped) < 3 or not self.persist_s:
+            return 0.0
+        clean, slow = _median(self._clean), _median(self._overlapped)
+        return max(0.0, slow - clean) * self.persist_s / slow
 
     def _push(self, q: deque[float], x: float) -> None:
         q.append(x)
@@ -220,7 +242,7 @@ class IntervalPolicy:
         if self.mode != "auto" or self.delta_s is None or self.step_s is None:
             return None
         mtbf = self.mtbf_s if self.mtbf_s is not None else DEFAULT_MTBF_S
-        tau = daly(self.delta_s, mtbf)
+        tau = daly(self.delta_s + self.interference_s, mtbf)
         if self.persist_s is not None:
             tau = max(tau, self.persist_margin * self.persist_s)
         tau = max(tau, self.step_s)
@@ -242,6 +264,7 @@ class IntervalPolicy:
                 "every_steps": self.current_every_steps(),
                 "every_s": self.tau_s,
                 "delta_s": self.delta_s,
+                "interference_s": self.interference_s,
                 "mtbf_s": mtbf,
                 "mtbf_source": self.mtbf_source if self.mtbf_s is not None else "default",
                 "persist_s": self.persist_s,

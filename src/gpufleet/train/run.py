@@ -315,7 +315,11 @@ class Run:
             fields["loss"] = self._last_loss
             self._last_loss = None
         self.sink.emit(E.STEP, **fields)
-        decision = self._policy.observe(step_s=dt - self._stall, **self._engine_observations())
+        obs = self._engine_observations()
+        # A step overlapped a persist if one is still running or one committed during it: persist
+        # and checksum threads take CPU from training, a cost the stall alone does not show.
+        overlapped = "persist_s" in obs or (self._engine is not None and self._engine.persisting())
+        decision = self._policy.observe(step_s=dt - self._stall, overlapped=overlapped, **obs)
         if decision:
             self.sink.emit(E.INTERVAL, step=step, **decision)
 
