@@ -11,6 +11,7 @@ import sys
 import typer
 
 from gpufleet.core.errors import GpufleetError, SupervisorError, UsageError
+from gpufleet.core.exitcodes import ExitCode
 
 app = typer.Typer(
     name="gpufleet",
@@ -58,7 +59,7 @@ def _register() -> None:
     from gpufleet.cli import serve as serve_cli; app.add_typer(serve_cli.app, name="serve")  # noqa: E702, I001
 
 
-def fail(message: str, code: int = 2) -> None:
+def fail(message: str, code: int = ExitCode.USAGE) -> None:
     """Print one line to stderr and exit."""
     print(f"gpufleet: error: {message}", file=sys.stderr)
     raise SystemExit(code)
@@ -71,18 +72,18 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Exit as e:
         raise SystemExit(e.exit_code) from None
     except typer.Abort:
-        fail("aborted", 130)
+        fail("aborted", ExitCode.INTERRUPTED)
     except typer.TyperException as e:  # bad flags (Typer's usage errors): one line, exit 2
         if type(e).__name__ == "NoArgsIsHelpError":  # help was printed
             raise SystemExit(0) from None
-        fail(e.format_message().replace("\n", " "), 2)
+        fail(e.format_message().replace("\n", " "), ExitCode.USAGE)
     except SupervisorError as e:
         print(f"gpufleet: {e}", file=sys.stderr)
         raise SystemExit(e.exit_code) from None
     except UsageError as e:
-        fail(str(e).replace("\n", " "), 2)
+        fail(str(e).replace("\n", " "), ExitCode.USAGE)
     except GpufleetError as e:
-        fail(str(e).replace("\n", " "), 1)
+        fail(str(e).replace("\n", " "), ExitCode.FAILED)
     raise SystemExit(rv if isinstance(rv, int) else 0)
 
 

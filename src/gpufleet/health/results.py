@@ -12,10 +12,11 @@ import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["SCHEMA", "Status", "CheckResult", "Report", "EXIT_OK", "EXIT_PROBLEM", "EXIT_UNKNOWN"]
+from gpufleet.core.exitcodes import ExitCode
+
+__all__ = ["SCHEMA", "Status", "CheckResult", "Report"]
 
 SCHEMA = "gpufleet.health/1"
-EXIT_OK, EXIT_PROBLEM, EXIT_UNKNOWN = 0, 1, 3
 
 
 class Status(enum.StrEnum):
@@ -74,10 +75,10 @@ class Report:
     def exit_code(self) -> int:
         st = {r.status for r in self.results}
         if Status.FAIL in st:
-            return EXIT_PROBLEM
+            return ExitCode.CHECK_PROBLEM
         if Status.INCOMPLETE in st:
-            return EXIT_UNKNOWN
-        return EXIT_OK
+            return ExitCode.CHECK_UNKNOWN
+        return ExitCode.OK
 
     def failures(self) -> list[CheckResult]:
         return [r for r in self.results if r.status is Status.FAIL]

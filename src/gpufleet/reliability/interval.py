@@ -23,12 +23,12 @@ Until a stall has been measured, ``auto`` bootstraps: the first checkpoint is ta
 from __future__ import annotations
 
 import math
-import re
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.core.errors import ConfigError
+from gpufleet.core.units import parse_interval
 
 __all__ = [
     "IntervalPolicy",
@@ -45,11 +45,6 @@ DEFAULT_MTBF_S = 6 * 3600.0
 
 BOOTSTRAP_STEPS = 5
 """``auto`` takes its first checkpoint after this many steps, to measure the stall δ."""
-
-_VALID = "valid forms: N or Nsteps (every N steps), 90s / 5m / 1h (every so much time), auto"
-_UNITS = {"s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "hr": 3600.0}
-_RE_STEPS = re.compile(r"^(\d+)\s*(?:steps?)?$")
-_RE_TIME = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|hr)$")
 
 
 def young(delta: float, mtbf: float) -> float:
@@ -145,19 +140,17 @@ class IntervalPolicy:
 
         ``mtbf_s`` is M for ``auto`` (from ``mtbf_history`` or the user); None means DEFAULT_MTBF_S.
         """
-        s = str(spec).strip().lower()
         if mtbf_s is not None and not (mtbf_s > 0.0 and math.isfinite(mtbf_s)):
             raise ConfigError(f"invalid MTBF {mtbf_s!r} for the checkpoint interval: must be > 0 seconds")
-        if s == "auto":
-            return cls(mode="auto", mtbf_s=mtbf_s, spec=s, mtbf_source=mtbf_source)
-        m = _RE_STEPS.match(s)
-        if m and int(m.group(1)) > 0:
-            return cls(mode="steps", every_steps=int(m.group(1)), mtbf_s=mtbf_s, spec=s)
-        m = _RE_TIME.match(s)
-        if m and float(m.group(1)) > 0.0:
-            secs = float(m.group(1)) * _UNITS[m.group(2)]
-            return cls(mode="time", every_s=secs, mtbf_s=mtbf_s, spec=s)
-        raise ConfigError(f"invalid checkpoint interval {spec!r}: {_VALID}")
+        iv = parse_interval(spec)
+        return cls(
+            mode=iv.mode,
+            every_steps=iv.every_steps,
+            every_s=iv.every_s,
+            mtbf_s=mtbf_s,
+            spec=iv.spec,
+            mtbf_source=mtbf_source if iv.mode == "auto" else "configured",
+        )
 
     # -- scheduling -------------------------------------------------------------------------------
 

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from gpufleet.core.errors import UsageError
+from gpufleet.core.units import parse_duration
 
 __all__ = ["Fault", "parse_fault", "parse_faults", "FaultInjector", "FAULT_KINDS"]
 
@@ -44,7 +44,6 @@ FAULT_KINDS: dict[str, set[str]] = {
     "ckpt_corrupt": {"step"},
 }
 _COMMON = {"persist"}
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m)?$")
 
 
 @dataclass
@@ -69,11 +68,7 @@ class Fault:
 
 
 def _seconds(value: str, spec: str) -> float:
-    m = _DURATION.match(value)
-    if not m:
-        raise UsageError(f"bad duration {value!r} in fault {spec!r} (use e.g. 500ms, 12s, 2m)")
-    scale = {"ms": 1e-3, "s": 1.0, "m": 60.0, None: 1.0}[m.group(2)]
-    return float(m.group(1)) * scale
+    return parse_duration(value, f"bad duration in fault {spec!r}")
 
 
 def _int(value: str, key: str, spec: str) -> int:

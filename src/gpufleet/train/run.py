@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 
 from gpufleet.core import events as E
-from gpufleet.core import exitcodes
 from gpufleet.core.errors import CheckpointError, ConfigError, GpufleetError
+from gpufleet.core.exitcodes import ExitCode
 from gpufleet.core.ledger import EventSink, Ledger, NullSink, PipeSink, read_events
 from gpufleet.train.faults import FaultInjector, faults_from_env
 from gpufleet.train.settings import RunSettings
@@ -359,7 +359,7 @@ class Run:
                 pass  # recorded as ckpt_failed by the engine; the rollback uses an older checkpoint
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(exitcodes.WORKER_SPIKE)
+        os._exit(ExitCode.WORKER_SPIKE)
 
     def _stop(self, step: int) -> None:
         """Stop requested (SIGUSR1 from the supervisor or Slurm): final checkpoint, then exit 0."""

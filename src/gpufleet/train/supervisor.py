@@ -17,8 +17,8 @@ from typing import Any
 
 from gpufleet.backends import LaunchSpec, get_backend
 from gpufleet.core import events as E
-from gpufleet.core import exitcodes
 from gpufleet.core.errors import ConfigError
+from gpufleet.core.exitcodes import ExitCode
 from gpufleet.core.ledger import Ledger
 from gpufleet.core.ports import free_port
 from gpufleet.train.faults import Fault, faults_to_env, parse_faults
@@ -186,7 +186,7 @@ class Supervisor:
                 mon.close()
             best_committed = max(best_committed, mon.committed_step)
             if isinstance(result, str):  # completed / interrupted
-                return Outcome(result, exitcodes.OK, restarts, str(self.run_dir))
+                return Outcome(result, ExitCode.OK, restarts, str(self.run_dir))
             failure = result
             ledger.emit(
                 E.FAILURE,
@@ -216,12 +216,12 @@ class Supervisor:
                 verdict = after_failure(workers, ledger, attempt)
                 if verdict is not None:
                     ledger.emit(E.GIVE_UP, reason=verdict)
-                    return Outcome("nodes_lost", exitcodes.FAILED, restarts, str(self.run_dir))
+                    return Outcome("nodes_lost", ExitCode.FAILED, restarts, str(self.run_dir))
             if self._stop_signals:
                 # Asked to stop (SIGTERM, or Slurm's time-limit USR1) while no attempt was running:
                 # the newest checkpoint is all there is to keep. A new attempt would only be signalled
                 # again while its ranks start up, before they can take a final checkpoint.
-                return Outcome("interrupted", exitcodes.OK, restarts, str(self.run_dir))
+                return Outcome("interrupted", ExitCode.OK, restarts, str(self.run_dir))
             if view is not None:
                 view.failure(failure.cause, failure.rank, mon.step)
             # Breakers, in order of specificity.
@@ -231,7 +231,7 @@ class Supervisor:
                 )
                 if self.rollback.count > self.cfg.max_rollbacks:
                     ledger.emit(E.GIVE_UP, reason=f"more than {self.cfg.max_rollbacks} rollbacks")
-                    return Outcome("max_rollbacks", exitcodes.MAX_ROLLBACKS, restarts, str(self.run_dir))
+                    return Outcome("max_rollbacks", ExitCode.MAX_ROLLBACKS, restarts, str(self.run_dir))
             else:
                 self.rollback.clear_pending()
             if best_committed > progress_mark:
@@ -242,10 +242,10 @@ class Supervisor:
                 ledger.emit(
                     E.GIVE_UP, reason=f"{no_progress} consecutive restarts made no checkpoint progress"
                 )
-                return Outcome("no_progress", exitcodes.NO_PROGRESS, restarts, str(self.run_dir))
+                return Outcome("no_progress", ExitCode.NO_PROGRESS, restarts, str(self.run_dir))
             if restarts >= self.cfg.max_restarts:
                 ledger.emit(E.GIVE_UP, reason=f"restart budget of {self.cfg.max_restarts} used up")
-                return Outcome("max_restarts", exitcodes.MAX_RESTARTS, restarts, str(self.run_dir))
+                return Outcome("max_restarts", ExitCode.MAX_RESTARTS, restarts, str(self.run_dir))
             restarts += 1
             attempt += 1
             ledger.emit(E.RESTART, attempt=attempt, reason=failure.cause)
@@ -291,7 +291,7 @@ class Supervisor:
                     continue
                 mon.pump(0.05)  # the worker's last words (inject / rollback events)
                 node = getattr(w, "node", None)
-                if c == exitcodes.WORKER_SPIKE:
+                if c == ExitCode.WORKER_SPIKE:
                     return _Failure(
                         "spike",
                         w.rank,
