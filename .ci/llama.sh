@@ -12,7 +12,8 @@ cd "$(dirname "$0")/.."
 STATE=.ci/state
 PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+# tests/ holds the test services (tests/support): python -m support.<service>
+export PYTHONPATH="$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$STATE"
 
 ## llama.cpp
@@ -65,11 +66,11 @@ case "${1:-}" in
     llama_install
     ;;
   start)
-    exec "$PY" -m gpufleet.testing.llama start --dir "$STATE/llama" --env-file "$STATE/llama.env"
+    exec "$PY" -m support.llama start --dir "$STATE/llama" --env-file "$STATE/llama.env"
     ;;
   stop)
     rm -f "$STATE/llama.env"
-    exec "$PY" -m gpufleet.testing.llama stop --dir "$STATE/llama"
+    exec "$PY" -m support.llama stop --dir "$STATE/llama"
     ;;
   mock-smoke)
     mock_smoke

@@ -9,15 +9,16 @@ cd "$(dirname "$0")/.."
 STATE=.ci/state
 PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+# tests/ holds the test services (tests/support): python -m support.<service>
+export PYTHONPATH="$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$STATE"
 case "${1:-}" in
   start)
-    exec "$PY" -m gpufleet.testing.seaweed start --dir "$STATE/seaweedfs" --env-file "$STATE/s3.env"
+    exec "$PY" -m support.seaweed start --dir "$STATE/seaweedfs" --env-file "$STATE/s3.env"
     ;;
   stop)
     rm -f "$STATE/s3.env"
-    exec "$PY" -m gpufleet.testing.seaweed stop --dir "$STATE/seaweedfs" --grace "${GRACE:-5}"
+    exec "$PY" -m support.seaweed stop --dir "$STATE/seaweedfs" --grace "${GRACE:-5}"
     ;;
   *)
     echo "usage: $0 start|stop" >&2

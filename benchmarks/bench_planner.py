@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/support: LlamaServer
 
 import numpy as np  # noqa: E402
 
@@ -297,7 +298,7 @@ def main() -> None:
             if args.url:
                 out["prediction"] = validate(args.url, args.model, Path(d))
             else:
-                from gpufleet.testing.llama import LlamaServer
+                from support.llama import LlamaServer
 
                 with LlamaServer(log_dir=d) as srv:
                     out["prediction"] = validate(srv.url, srv.model_alias, Path(d))

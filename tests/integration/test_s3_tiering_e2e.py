@@ -66,7 +66,7 @@ def test_restore_falls_back_to_s3_when_local_copies_are_gone(tmp_path, s3_url, s
 
 
 def test_checkpoints_commit_and_upload_through_a_flaky_s3(tmp_path, s3_url, s3_server):
-    from gpufleet.testing.flaky_proxy import FlakyProxy
+    from support.flaky_proxy import FlakyProxy
 
     proxy = FlakyProxy(s3_server.endpoint, error_rate=0.25, seed=7).start()
     try:

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from gpufleet.testing.llama import MockProcess
+from support.llama import MockProcess
 
 pytest.importorskip("aiohttp", reason="serve bench needs aiohttp (the serve extra)")
 

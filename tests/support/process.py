@@ -18,6 +18,7 @@ from gpufleet.core.ports import free_ports
 
 __all__ = [
     "ChildService",
+    "child_env",
     "free_ports",
     "is_alive",
     "running_pid",
@@ -25,6 +26,18 @@ __all__ = [
     "stop_pid_file",
     "write_env_file",
 ]
+
+
+# tests/ (so that ``import support`` works) and src/ (gpufleet from a checkout, installed or not)
+_TESTS = Path(__file__).resolve().parents[1]
+_SRC = _TESTS.parent / "src"
+
+
+def child_env() -> dict[str, str]:
+    """This process's environment with tests/ and src/ in front of ``PYTHONPATH``, for a child that
+    runs ``python -m support.<service>``."""
+    paths = [str(_TESTS), str(_SRC), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
 
 
 def is_alive(pid: int) -> bool:

@@ -2,7 +2,7 @@
 
 Run it as its own process, in front of an S3 server::
 
-    python -m gpufleet.testing.flaky_proxy --upstream http://127.0.0.1:8333 --error-rate 0.2 --seed 1
+    python -m support.flaky_proxy --upstream http://127.0.0.1:8333 --error-rate 0.2 --seed 1
 
 It prints ``PORT <n>`` on its first stdout line. Each request is either forwarded unchanged (the
 Host header too, so SigV4 signatures still verify) or, with probability ``--error-rate`` drawn
@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 import random
 import subprocess
 import sys
@@ -27,11 +26,10 @@ import threading
 import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from gpufleet.testing.process import ChildService
+from .process import ChildService, child_env
 
 __all__ = ["FlakyProxy", "serve"]
 
@@ -206,7 +204,7 @@ def serve(upstream: str, error_rate: float, seed: int, port: int = 0, host: str 
 
 
 class FlakyProxy(ChildService):
-    """Start ``python -m gpufleet.testing.flaky_proxy`` as a child process; stop it by PID."""
+    """Start ``python -m support.flaky_proxy`` as a child process; stop it by PID."""
 
     def __init__(self, upstream: str, error_rate: float = 0.2, seed: int = 1) -> None:
         self.upstream, self.error_rate, self.seed = upstream, error_rate, seed
@@ -218,11 +216,9 @@ class FlakyProxy(ChildService):
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 15.0) -> FlakyProxy:
-        src = str(Path(__file__).resolve().parents[2])  # works installed or from a checkout
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
-        cmd = [sys.executable, "-m", "gpufleet.testing.flaky_proxy", "--upstream", self.upstream]
+        cmd = [sys.executable, "-m", "support.flaky_proxy", "--upstream", self.upstream]
         cmd += ["--error-rate", str(self.error_rate), "--seed", str(self.seed), "--port", "0"]
-        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=child_env())
         assert self._proc.stdout is not None
         timer = threading.Timer(timeout_s, self._proc.kill)
         timer.start()
@@ -263,7 +259,7 @@ class FlakyProxy(ChildService):
 
 def _main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m gpufleet.testing.flaky_proxy", description=__doc__.split("\n")[0]
+        prog="python -m support.flaky_proxy", description=__doc__.split("\n")[0]
     )
     p.add_argument("--upstream", required=True, help="the S3 server, http://host:port")
     p.add_argument("--error-rate", type=float, default=0.2, help="fraction of requests to fail (0..1)")

@@ -14,21 +14,23 @@ Settings that matter for benchmarking:
 * ``n_ctx``: small (512) so that a context overflow is cheap to provoke (OpenAI-style 400).
 * ``n_threads``: 1 by default, leaving the other core of a 2-core CI host to the client.
 
-``MockProcess(args)`` runs ``gpufleet serve mock`` (``python -m gpufleet.cli.serve_mock``) in its
+``MockProcess(args)`` runs ``gpufleet serve mock`` (``python -m gpufleet.cli.main serve mock``) in its
 own process, so that its timers do not share an interpreter with the client being measured.
 
 The command line form is used by ``.ci/llama.sh``::
 
-    python -m gpufleet.testing.llama start --dir .ci/state/llama --env-file .ci/state/llama.env
-    python -m gpufleet.testing.llama stop --dir .ci/state/llama
+    python -m support.llama start --dir .ci/state/llama --env-file .ci/state/llama.env
+    python -m support.llama stop --dir .ci/state/llama
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -36,12 +38,49 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from gpufleet.testing.process import ChildService, free_ports, running_pid, stop_pid_file, write_env_file
+from .process import ChildService, free_ports, is_alive, running_pid, stop_pid_file, write_env_file
 
-__all__ = ["LlamaServer", "MockProcess", "find_smollm2", "llama_available"]
+__all__ = ["LlamaServer", "MockProcess", "find_smollm2", "llama_available", "server_gone"]
 
 _PID_FILE = "llama.pid"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# A prompt of several tokens: a llama.cpp built for another CPU dies (SIGILL) on the first of these,
+# not on /v1/models nor on a one-token prompt.
+SMOKE_PROMPT = "The quick brown fox jumps over the lazy dog."
+_SIGILL_HINT = (
+    "illegal instruction, this llama-cpp-python was built for another CPU; "
+    ".ci/llama.sh install rebuilds it portable (GGML_NATIVE=OFF, no AMX)"
+)
+
+
+def _log_tail(log_path: Path | None, n: int = 2000) -> str:
+    if log_path is None or not log_path.is_file():
+        return "(no log)"
+    return log_path.read_text(errors="replace")[-n:].strip() or "(empty log)"
+
+
+def _exit_text(returncode: int) -> str:
+    """``exit code 1``, ``killed by SIGILL (...)``; 128+N from a shell counts as signal N."""
+    signum = -returncode if returncode < 0 else returncode - 128 if 128 < returncode < 160 else 0
+    if not signum:
+        return f"exit code {returncode}"
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    text = f"killed by {name} (exit code {returncode})"
+    return f"{text}: {_SIGILL_HINT}" if signum == signal.SIGILL else text
+
+
+def server_gone(pid: int, log_path: Path | None) -> str | None:
+    """None while the server ``pid`` (not a child of ours: started by ``.ci/llama.sh start``) is
+    alive, else a message with the tail of its log."""
+    if is_alive(pid):
+        return None
+    return (
+        f"the llama.cpp server (pid {pid}) is gone (a log that ends without an error means a signal, "
+        f"e.g. SIGILL: {_SIGILL_HINT}). Tail of {log_path}:\n{_log_tail(log_path)}"
+    )
 
 
 def llama_available() -> str | None:
@@ -121,7 +160,8 @@ class LlamaServer(ChildService):
         ]  # fmt: skip
 
     def start(self) -> LlamaServer:
-        """Start the server and wait until it answers ``GET /v1/models``."""
+        """Start the server, wait until it answers ``GET /v1/models``, then complete one prompt of
+        several tokens: a server that cannot serve fails here, with its exit and its log."""
         reason = llama_available()
         if reason:
             raise RuntimeError(reason)
@@ -142,6 +182,7 @@ class LlamaServer(ChildService):
             log.close()
         try:
             self._wait_ready()
+            self._smoke()
         except BaseException:
             self.stop(grace_s=1.0)
             raise
@@ -152,9 +193,9 @@ class LlamaServer(ChildService):
         last: Exception | None = None
         while time.monotonic() < deadline:
             assert self._proc is not None
-            if self._proc.poll() is not None:
-                tail = self.log_path.read_text(errors="replace")[-2000:] if self.log_path else ""
-                raise RuntimeError(f"llama_cpp.server exited with code {self._proc.returncode}:\n{tail}")
+            died = self.died()
+            if died:
+                raise RuntimeError(died)
             try:
                 with urllib.request.urlopen(self.url + "/models", timeout=2.0) as resp:
                     if resp.status == 200 and json.load(resp).get("data"):
@@ -163,6 +204,30 @@ class LlamaServer(ChildService):
                 last = e
             time.sleep(0.2)
         raise TimeoutError(f"llama.cpp server at {self.url} not ready after {self._ready_timeout_s}s: {last}")
+
+    def _smoke(self) -> None:
+        body = {"model": self.model_alias, "prompt": SMOKE_PROMPT, "max_tokens": 2, "temperature": 0.0}
+        headers = {"Content-Type": "application/json"}
+        data = json.dumps(body).encode()
+        req = urllib.request.Request(self.url + "/completions", data=data, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=self._ready_timeout_s) as resp:
+                json.load(resp)
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            if self._proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._proc.wait(timeout=2.0)  # a crash closes the socket a moment before the exit
+            failed = f"llama.cpp server at {self.url} failed the prompt {SMOKE_PROMPT!r}: {e}"
+            raise RuntimeError(self.died() or failed) from e
+
+    def died(self) -> str | None:
+        """None while the server process runs, else how it ended and the tail of its log."""
+        if self._proc is None or self._proc.poll() is None:
+            return None
+        return (
+            f"llama_cpp.server (pid {self._proc.pid}) ended: {_exit_text(self._proc.returncode)}. "
+            f"Tail of {self.log_path}:\n{_log_tail(self.log_path)}"
+        )
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Stop by PID: SIGTERM, then SIGKILL after ``grace_s`` seconds."""
@@ -174,6 +239,9 @@ class LlamaServer(ChildService):
             "GPUFLEET_TEST_LLAMA_URL": self.url,
             "GPUFLEET_TEST_LLAMA_MODEL": self.model_alias,
             "GPUFLEET_TEST_LLAMA_N_CTX": str(self.n_ctx),
+            # for the fixture's is-it-still-alive check (tests/conftest.py)
+            "GPUFLEET_TEST_LLAMA_PID": str(self.pid),
+            "GPUFLEET_TEST_LLAMA_LOG": str(self.log_path),
         }
 
 
@@ -194,7 +262,7 @@ class MockProcess(ChildService):
 
     def start(self) -> MockProcess:
         """Start it and wait for its ``ready at URL`` line."""
-        cmd = [sys.executable, "-m", "gpufleet.cli.serve_mock", "--port", "0", *self.args]
+        cmd = [sys.executable, "-m", "gpufleet.cli.main", "serve", "mock", "--port", "0", *self.args]
         self._log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self._log_dir / f"serve-mock-{os.getpid()}-{time.monotonic_ns()}.log"
         with open(self.log_path, "wb") as log:
@@ -227,7 +295,7 @@ class MockProcess(ChildService):
 
 
 def _main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gpufleet.testing.llama")
+    p = argparse.ArgumentParser(prog="python -m support.llama")
     p.add_argument("action", choices=["start", "stop"])
     p.add_argument("--dir", required=True, help="state directory (pid file, log)")
     p.add_argument("--env-file", help="start: write 'export GPUFLEET_TEST_LLAMA_*=...' lines here")
@@ -255,7 +323,11 @@ def _main(argv: list[str] | None = None) -> int:
         return 3
     server = LlamaServer(args.model, args.port, log_dir=state, n_ctx=args.n_ctx, n_threads=args.threads)
     t0 = time.monotonic()
-    server.start()
+    try:
+        server.start()
+    except (RuntimeError, TimeoutError) as e:
+        print(f"llama.cpp server did not start: {e}", file=sys.stderr)
+        return 1
     pid_file.write_text(str(server.pid))
     if args.env_file:
         write_env_file(args.env_file, server.env())

@@ -7,8 +7,8 @@ The unix sockets and the log go into ``data_dir``. An identity with generated ke
 
 The command line form is used by ``.ci/seaweedfs.sh``::
 
-    python -m gpufleet.testing.seaweed start --dir .ci/state/seaweedfs --env-file .ci/state/s3.env
-    python -m gpufleet.testing.seaweed stop --dir .ci/state/seaweedfs
+    python -m support.seaweed start --dir .ci/state/seaweedfs --env-file .ci/state/s3.env
+    python -m support.seaweed stop --dir .ci/state/seaweedfs
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpufleet.testing.process import (
+from .process import (
     ChildService,
     free_ports,
     running_pid,
@@ -215,7 +215,7 @@ class SeaweedServer(ChildService):
 
 
 def _main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gpufleet.testing.seaweed")
+    p = argparse.ArgumentParser(prog="python -m support.seaweed")
     p.add_argument("action", choices=["start", "stop"])
     p.add_argument("--dir", required=True, help="state directory (data, sockets, log, pid file)")
     p.add_argument("--env-file", help="start: write 'export GPUFLEET_TEST_S3_*=...' lines here")
