@@ -110,8 +110,8 @@ def test_breaker_window_forgets_old_hits(tmp_path):
     from gpufleet.core.ledger import Ledger
 
     with Ledger(tmp_path) as led:
-        led.emit("slurm_action", node="a", action="drain", t=1000.0)
-        led.emit("slurm_action", node="b", action="drain", t=1050.0)
+        led.emit("slurm_action", node="a", action="drain", reason="gpufleet: x: y", t=1000.0)
+        led.emit("slurm_action", node="b", action="drain", reason="gpufleet: x: y", t=1050.0)
     assert b.allows("c", 4, now=1055.0) == (False, 3)
     assert b.allows("c", 4, now=1100.0) == (True, 2)  # a is out of the window
 

@@ -1,47 +1,875 @@
-"""Event types written to the ledger, with the fields each one carries.
+"""Typed ledger events: one frozen dataclass per event kind, the registry, and parsing.
 
-Every event also has ``ev``, ``t`` (wall seconds), ``mono`` (monotonic seconds) and ``session``.
-Events relayed from workers carry ``rank``; events about one attempt carry ``attempt``.
-See docs/ledger.md for the full schema.
+Every event carries the envelope of :class:`Event` (``t``, ``mono``, ``session``, ``rank``,
+``attempt``) plus the fields of its kind. On disk an event is one JSON line (see
+:mod:`gpufleet.core.ledger`)::
+
+    {"ev":"step","v":1,"t":...,"mono":...,"session":"a1b2","rank":0,"attempt":0,"step":4,...}
+
+``ev`` is the kind (``Event.kind``) and ``v`` the ledger format version (:data:`LEDGER_VERSION`);
+a line without ``v`` is version 1. Optional fields whose value is ``None`` (or an empty tuple, where
+that is the default) are left out of the line. Closed sets are :class:`enum.StrEnum`, so the JSON
+holds the same strings as before the types existed.
+
+Writing is strict: constructing an event checks every field's type (a typo in a field name, a
+missing field or a value outside an enum raises :class:`EventSchemaError`). Reading is lenient by
+default, so an older reader survives a newer ledger: :func:`parse_event` ignores fields it does not
+know, keeps an enum value it does not know as a plain string, and turns a line of an unknown kind,
+or one whose fields do not fit, into an :class:`UnknownEvent` (which the reliability math skips).
+``parse_event(rec, strict=True)`` raises instead. docs/ledger.md documents every kind; a unit test
+keeps it and :data:`EVENT_TYPES` in step.
 """
 
 from __future__ import annotations
 
-# Run lifecycle (supervisor)
-RUN_START = "run_start"  # world_size, nproc, command, config, backend
-RUN_END = "run_end"  # status: completed|failed|no_progress|interrupted|max_restarts, exit_code
-ATTEMPT_START = "attempt_start"  # attempt, world_size (workers spawned or standby promoted)
-WORKER_READY = "worker_ready"  # attempt, rank, init_s (process group up)
+import dataclasses
+import enum
+import functools
+import math
+import time
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
 
-# Progress (rank 0)
-STEP = "step"  # step (just finished, 0-based), epoch, dt (iteration wall s), stall (ckpt stall s), loss?
-EPOCH_END = "epoch_end"  # epoch, step
+from gpufleet.core.errors import GpufleetError
 
-# Failures and recovery (supervisor unless noted)
-FAILURE = "failure"  # cause: crash|hang|spike|nan|worker_exit, rank, exit_code, signal, detail, step
-DETECTED = "detected"  # cause, detect_s (failure happened -> noticed)
-TEARDOWN = "teardown"  # attempt, teardown_s
-RESTART = "restart"  # attempt (the new one), reason
-RESTORE = "restore"  # (rank 0) step, path, load_s, source: local|s3, fresh: bool
-RESTORE_REJECTED = "restore_rejected"  # (rank 0) path, step, reason
-ROLLBACK = "rollback"  # (supervisor) from_step, to_step, mode (replay|skip), skip_from, skip_to, abandoned
-SPIKE = "spike"  # (rank 0) step, value, reason: the loss guard fired (all ranks agreed)
-SKIP = "skip"  # (rank 0) skipped_from, skipped_to: batches skipped after a recurring spike
-GIVE_UP = "give_up"  # reason
+__all__ = [
+    "LEDGER_VERSION",
+    "EventSchemaError",
+    "Event",
+    "UnknownEvent",
+    "EVENT_TYPES",
+    "parse_event",
+    "make_event",
+    "to_record",
+    "fields_of",
+    # enums
+    "FailureCause",
+    "RunStatus",
+    "RollbackMode",
+    "RestoreSource",
+    "IntervalMode",
+    "HeartbeatPhase",
+    "NodeStateName",
+    "Component",
+    "Actor",
+    "SlurmActionKind",
+    # run lifecycle
+    "RunStart",
+    "RunEnd",
+    "AttemptStart",
+    "WorkerReady",
+    "Heartbeat",
+    # progress
+    "Step",
+    "EpochEnd",
+    # failures and recovery
+    "Failure",
+    "Detected",
+    "Teardown",
+    "Restart",
+    "Restore",
+    "RestoreRejected",
+    "Rollback",
+    "Spike",
+    "Skip",
+    "GiveUp",
+    "NodeLost",
+    # checkpoints
+    "CkptStaged",
+    "CkptCommitted",
+    "CkptUploaded",
+    "CkptVerified",
+    "CkptFailed",
+    "CkptSkipped",
+    "CkptDeleted",
+    "Interval",
+    # drills
+    "Inject",
+    # fleet ledger
+    "NodeState",
+    "HealthResult",
+    "SlurmAction",
+    "SlurmBreakerOpen",
+    "SlurmActionSkipped",
+    "SlurmActionFailed",
+]
 
-# Checkpoints (rank 0's checkpoint engine)
-CKPT_STAGED = "ckpt_staged"  # step, stall_s, stage_s, bytes
-CKPT_COMMITTED = "ckpt_committed"  # step, path, bytes, persist_s, files
-CKPT_UPLOADED = "ckpt_uploaded"  # step, url, upload_s, bytes
-CKPT_VERIFIED = "ckpt_verified"  # step, path, verify_s
-CKPT_FAILED = "ckpt_failed"  # step, reason
-CKPT_SKIPPED = "ckpt_skipped"  # step, reason (a save came due while one was in flight)
-CKPT_DELETED = "ckpt_deleted"  # step, path, reason
-INTERVAL = "interval"  # policy, every_steps, every_s, delta_s, mtbf_s, persist_s
+LEDGER_VERSION = 1
+"""The format version written as ``v`` on every line. Bump it when a field changes meaning or is
+removed; adding an optional field or a kind does not need a bump (old readers ignore both)."""
 
-# Faults injected on purpose (workers)
-INJECT = "inject"  # kind, step, rank, spec
 
-# Node health (fleet ledger, see docs/health.md)
-NODE_STATE = "node_state"  # node, state, reason, check?, component, by: gpufleet|admin
-HEALTH_RESULT = "health_result"  # node, plan, profile, check, status, value, unit, threshold, valid_until
+class EventSchemaError(GpufleetError, ValueError):
+    """An event does not fit its kind's schema (unknown kind or field, missing field, wrong type)."""
+
+
+# ---------------------------------------------------------------------------------- closed sets
+class FailureCause(enum.StrEnum):
+    """Why an attempt failed (``failure.cause``)."""
+
+    CRASH = "crash"  # a rank exited non-zero or was killed by a signal
+    HANG = "hang"  # a rank stopped heartbeating
+    SPIKE = "spike"  # the loss guard fired (spike or NaN; the ``spike`` event says which)
+
+
+class RunStatus(enum.StrEnum):
+    """How a session ended (``run_end.status``)."""
+
+    COMPLETED = "completed"
+    INTERRUPTED = "interrupted"  # asked to stop (SIGTERM/SIGINT/SIGUSR1): final checkpoint taken
+    NO_PROGRESS = "no_progress"  # restarts stopped committing newer checkpoints
+    MAX_RESTARTS = "max_restarts"
+    MAX_ROLLBACKS = "max_rollbacks"
+    NODES_LOST = "nodes_lost"  # too few healthy nodes left (multi-node backends)
+
+
+class RollbackMode(enum.StrEnum):
+    """What a spike rollback does (``rollback.mode``)."""
+
+    REPLAY = "replay"  # first spike at a step: restore and replay the same batches
+    SKIP = "skip"  # recurring spike: roll back further and skip the batch window
+
+
+class RestoreSource(enum.StrEnum):
+    """Where a restored checkpoint came from."""
+
+    LOCAL = "local"
+    S3 = "s3"
+
+
+class IntervalMode(enum.StrEnum):
+    """The checkpoint interval policy (``interval.policy``)."""
+
+    STEPS = "steps"
+    TIME = "time"
+    AUTO = "auto"
+
+
+class HeartbeatPhase(enum.StrEnum):
+    """A long phase without step heartbeats (``hb.phase``); absent means a normal step."""
+
+    SYNC = "sync"  # waiting on peers in the per-step all-reduce
+    FINISH = "finish"  # the final checkpoint
+
+
+class NodeStateName(enum.StrEnum):
+    """A node's state in the fleet ledger (see docs/health.md)."""
+
+    HEALTHY = "healthy"
+    SUSPECT = "suspect"
+    DRAINED = "drained"
+    REPAIRED = "repaired"
+    VALIDATED = "validated"
+    IN_SERVICE = "in_service"
+
+
+class Component(enum.StrEnum):
+    """The part of a node a state change blames."""
+
+    GPU = "gpu"
+    MEMORY = "memory"
+    NETWORK = "network"
+    STORAGE = "storage"
+    HOST = "host"
+    SOFTWARE = "software"
+    UNKNOWN = "unknown"
+
+
+class Actor(enum.StrEnum):
+    """Who changed a node's state."""
+
+    GPUFLEET = "gpufleet"
+    ADMIN = "admin"
+
+
+class SlurmActionKind(enum.StrEnum):
+    DRAIN = "drain"
+    RESUME = "resume"
+
+
+# ---------------------------------------------------------------------------------- base
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Event:
+    """The envelope every event carries. Subclasses add their fields and set ``kind``."""
+
+    kind: ClassVar[str] = ""
+    #: False for events that only travel from a worker to its supervisor and never reach the ledger.
+    in_ledger: ClassVar[bool] = True
+    #: Attribute -> ledger key, where the key cannot be an attribute name (``kind`` is the class's).
+    json_names: ClassVar[Mapping[str, str]] = {}
+
+    t: float = field(default_factory=time.time)
+    """Wall clock, seconds since the epoch, when the thing happened or finished."""
+    mono: float = field(default_factory=time.monotonic)
+    """``time.monotonic()`` of the emitting process (comparable between processes on one host)."""
+    session: str | None = None
+    """One ``gpufleet run`` invocation (the ledger fills it in)."""
+    rank: int | None = None
+    """The rank the event comes from (worker events) or is about (``failure``)."""
+    attempt: int | None = None
+    """The attempt the event belongs to (the supervisor stamps it on relayed worker events)."""
+
+    def __post_init__(self) -> None:
+        for f in _schema(type(self)):
+            value = _coerce(getattr(self, f.name), f.tp, True, f"{self.kind or type(self).__name__}.{f.json}")
+            object.__setattr__(self, f.name, value)
+
+    def to_record(self) -> dict[str, Any]:
+        """The JSON object written to the ledger (see :func:`to_record`)."""
+        return to_record(self)
+
+
+# ---------------------------------------------------------------------------------- run lifecycle
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunStart(Event):
+    """A session starts (supervisor; rank 0 in a standalone run)."""
+
+    kind: ClassVar[str] = "run_start"
+    world_size: int  # ranks in the first attempt
+    backend: str  # launcher: local, srun, ... or "standalone" (no supervisor)
+    nproc: int | None = None  # processes per node
+    command: tuple[str, ...] = ()  # the training command line
+    config: Mapping[str, Any] | None = None  # the supervisor's configuration
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunEnd(Event):
+    """A session ends; its wall time ends here (without it, at the session's last event)."""
+
+    kind: ClassVar[str] = "run_end"
+    status: RunStatus  # how it ended
+    exit_code: int  # the exit code of ``gpufleet run``
+    restarts: int | None = None  # restarts in this session (supervisor)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AttemptStart(Event):
+    """Workers of an attempt spawned (or standby workers promoted). ``attempt`` is set."""
+
+    kind: ClassVar[str] = "attempt_start"
+    world_size: int  # ranks in this attempt
+    pids: tuple[int, ...] = ()  # worker (or node agent) process ids
+    nodes: tuple[str, ...] = ()  # nodes of the attempt (multi-node backends)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerReady(Event):
+    """A rank's process group is up (every rank). ``rank`` and ``attempt`` are set."""
+
+    kind: ClassVar[str] = "worker_ready"
+    init_s: float  # spawn -> process group up, seconds
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Heartbeat(Event):
+    """A worker is alive (worker -> supervisor pipe only; never written to the ledger)."""
+
+    kind: ClassVar[str] = "hb"
+    in_ledger: ClassVar[bool] = False
+    step: int  # the step the rank is at
+    phase: HeartbeatPhase | None = None  # a step-less phase; None while stepping
+    total: int | None = None  # the run's total steps (sent with step heartbeats)
+
+
+# ---------------------------------------------------------------------------------- progress
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Step(Event):
+    """One completed step (rank 0). Work = ``dt - stall``; it started at ``t - dt``."""
+
+    kind: ClassVar[str] = "step"
+    step: int  # 0-based index of the step just finished
+    dt: float  # its full wall duration, including the checkpoint stall inside it
+    stall: float = 0.0  # the part of ``dt`` training was blocked by a checkpoint
+    epoch: int = 0  # the epoch the step belongs to
+    loss: float | None = None  # the mean loss over ranks, when ``run.log(loss=...)`` was called
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EpochEnd(Event):
+    """The last step of an epoch completed (rank 0; needs ``run.steps(..., steps_per_epoch=N)``)."""
+
+    kind: ClassVar[str] = "epoch_end"
+    epoch: int  # the epoch that ended (0-based)
+    step: int  # the index of its last step
+
+
+# ---------------------------------------------------------------------------------- failures
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Failure(Event):
+    """An attempt failed (supervisor). ``t`` is when it was detected; ``rank`` the failed rank."""
+
+    kind: ClassVar[str] = "failure"
+    cause: FailureCause  # what failed
+    exit_code: int | None = None  # the rank's exit code (None when killed by a signal, or a hang)
+    signal: int | None = None  # the signal that killed it
+    step: int | None = None  # the newest step rank 0 reported
+    happened_t: float | None = None  # when it happened (exit time; last heartbeat for a hang)
+    detail: str = ""  # human-readable
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Detected(Event):
+    """The supervisor noticed a failure (supervisor)."""
+
+    kind: ClassVar[str] = "detected"
+    cause: FailureCause  # as in the failure
+    detect_s: float  # detected - happened, seconds
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Teardown(Event):
+    """All workers of a failed attempt are gone (supervisor). ``t`` = teardown end."""
+
+    kind: ClassVar[str] = "teardown"
+    teardown_s: float  # how long stopping the remaining workers took
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Restart(Event):
+    """A new attempt starts after a failure (supervisor). ``attempt`` is the new attempt."""
+
+    kind: ClassVar[str] = "restart"
+    reason: str  # the failure cause that made the restart necessary
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Restore(Event):
+    """Rank 0 loaded state (on every start, a fresh one included). ``t`` = load finished.
+
+    Every earlier execution of a step >= ``step`` is thereby rolled back."""
+
+    kind: ClassVar[str] = "restore"
+    step: int  # the step to resume at
+    load_s: float  # read + verify + apply, seconds
+    fresh: bool = False  # no checkpoint: a fresh start at step 0
+    path: str | None = None  # the checkpoint directory
+    source: RestoreSource | None = None  # where it came from
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RestoreRejected(Event):
+    """A checkpoint failed verification or download; the restore fell back to an older one (rank 0)."""
+
+    kind: ClassVar[str] = "restore_rejected"
+    path: str  # the rejected checkpoint (directory or URL)
+    step: int  # its step
+    reason: str  # why
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Rollback(Event):
+    """The supervisor's decision after a loss spike: replay, or roll further back and skip."""
+
+    kind: ClassVar[str] = "rollback"
+    from_step: int  # the step the spike happened at
+    to_step: int  # the newest checkpoint step the next attempt may restore
+    mode: RollbackMode  # replay the same batches, or skip a window
+    reason: str = ""  # human-readable
+    skip_from: int | None = None  # mode skip: first skipped step
+    skip_to: int | None = None  # mode skip: first step after the window
+    abandoned: tuple[int, ...] = ()  # mode skip: checkpoint steps moved to checkpoints/abandoned/
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Spike(Event):
+    """The loss guard fired; every rank agreed (rank 0)."""
+
+    kind: ClassVar[str] = "spike"
+    step: int  # the step whose loss tripped the guard
+    reason: str  # what the guard saw
+    value: float | None = None  # the mean loss (None for NaN/inf)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Skip(Event):
+    """Rank 0 skipped a batch window a ``skip`` rollback decided: its steps never run."""
+
+    kind: ClassVar[str] = "skip"
+    skipped_from: int  # first skipped step
+    skipped_to: int  # first step after the window (training resumes there)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GiveUp(Event):
+    """A breaker stopped the run (supervisor); ``run_end`` follows."""
+
+    kind: ClassVar[str] = "give_up"
+    reason: str  # which breaker, in words
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NodeLost(Event):
+    """A node's agent vanished and the node did not answer a probe (srun backend)."""
+
+    kind: ClassVar[str] = "node_lost"
+    node: str  # the lost node
+    reason: str  # human-readable
+    job: str | None = None  # the Slurm job id
+
+
+# ---------------------------------------------------------------------------------- checkpoints
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CkptStaged(Event):
+    """A checkpoint's state was copied for the background persist (rank 0's engine)."""
+
+    kind: ClassVar[str] = "ckpt_staged"
+    step: int  # the checkpoint's step
+    stall_s: float  # time training was blocked by this checkpoint
+    stage_s: float  # time to stage (copy) the state, overlapped or not
+    bytes: int  # staged bytes
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CkptCommitted(Event):
+    """The manifest is written: the checkpoint exists (rank 0's engine)."""
+
+    kind: ClassVar[str] = "ckpt_committed"
+    step: int  # the checkpoint's step
+    path: str  # its directory
+    bytes: int  # bytes written by all ranks
+    persist_s: float  # stage end -> commit, seconds
+    files: int | None = None  # number of files
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CkptUploaded(Event):
+    """A committed checkpoint was copied to object storage (rank 0's engine)."""
+
+    kind: ClassVar[str] = "ckpt_uploaded"
+    step: int  # the checkpoint's step
+    url: str  # where it went
+    upload_s: float  # seconds
+    bytes: int  # bytes uploaded
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CkptVerified(Event):
+    """A checkpoint passed verification on restore (rank 0)."""
+
+    kind: ClassVar[str] = "ckpt_verified"
+    step: int  # the checkpoint's step
+    path: str  # its directory
+    verify_s: float  # seconds
+    source: RestoreSource  # where it came from
+    one_pass: bool = False  # verified while reading into the restore's buffers (one read)
+    cached_files: int | None = None  # one pass: files served from the page cache
+    direct_files: int | None = None  # one pass: files read with direct I/O
+    in_buffers_bytes: int | None = None  # one pass: bytes kept in the buffers for the load
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CkptFailed(Event):
+    """A checkpoint save (or its upload) failed; training goes on (rank 0's engine)."""
+
+    kind: ClassVar[str] = "ckpt_failed"
+    step: int  # the checkpoint's step
+    reason: str  # why
+    stage: str | None = None  # "upload" when the upload failed (the local copy is fine)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CkptSkipped(Event):
+    """A save came due while the previous one was still persisting (rank 0's engine)."""
+
+    kind: ClassVar[str] = "ckpt_skipped"
+    step: int  # the step it came due at
+    reason: str  # why
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CkptDeleted(Event):
+    """Retention deleted a checkpoint (rank 0's engine)."""
+
+    kind: ClassVar[str] = "ckpt_deleted"
+    step: int  # the checkpoint's step
+    path: str  # its directory or URL
+    reason: str  # why ("retention")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Interval(Event):
+    """The checkpoint interval policy decided (rank 0; see docs/reliability.md)."""
+
+    kind: ClassVar[str] = "interval"
+    step: int  # the step the decision was taken at
+    policy: IntervalMode  # steps, time or auto
+    model: str | None = None  # auto: "daly", or "bootstrap" before enough measurements
+    every_steps: int | None = None  # the interval in steps
+    every_s: float | None = None  # the interval in seconds (tau)
+    delta_s: float | None = None  # checkpoint cost (stall), seconds
+    interference_s: float | None = None  # training time a background persist costs, seconds
+    mtbf_s: float | None = None  # the MTBF the policy used
+    mtbf_source: str | None = None  # "configured", "history", "history+configured" or "default"
+    persist_s: float | None = None  # measured persist time
+    step_s: float | None = None  # measured step time without stall
+
+
+# ---------------------------------------------------------------------------------- drills
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Inject(Event):
+    """A drill fault fired on purpose (the rank it fired on)."""
+
+    kind: ClassVar[str] = "inject"
+    json_names: ClassVar[Mapping[str, str]] = {"fault": "kind"}
+    fault: str  # the fault kind: kill, hang, nan, ... (gpufleet.train.faults); ledger key ``kind``
+    fault_id: int  # the fault's index in the --inject list
+    step: int  # the step it fired at
+    spec: str  # the spec as given, e.g. "kill:rank=1,step=40"
+    persist: bool = False  # fires again after every restart
+
+
+# ---------------------------------------------------------------------------------- fleet ledger
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NodeState(Event):
+    """A node changed state (fleet ledger; see docs/health.md)."""
+
+    kind: ClassVar[str] = "node_state"
+    node: str  # the node
+    state: NodeStateName  # its new state
+    reason: str  # why
+    component: Component = Component.UNKNOWN  # the part blamed
+    by: Actor = Actor.GPUFLEET  # who changed it
+    check: str | None = None  # the health check behind it
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HealthResult(Event):
+    """One health check's result on one node (fleet ledger)."""
+
+    kind: ClassVar[str] = "health_result"
+    node: str  # the node checked
+    plan: str  # the plan run
+    profile: str  # the hardware profile
+    check: str  # the check's name
+    status: str  # OK, WARN, FAIL or INCOMPLETE (gpufleet.health.results.Status)
+    valid_until: float  # wall time the result expires
+    value: float | None = None  # the measured value, in ``unit``
+    unit: str = ""  # the unit of value and threshold
+    threshold: float | None = None  # the limit it was held to
+    detail: str = ""  # human-readable
+    hint: str = ""  # what to do about it
+    duration_s: float = 0.0  # how long the check ran
+    component: str = "unknown"  # the part checked
+    device: str | None = None  # the device, for per-device results
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SlurmAction(Event):
+    """gpufleet drained or resumed a Slurm node (fleet ledger, and the run's ledger when in a run)."""
+
+    kind: ClassVar[str] = "slurm_action"
+    node: str  # the node
+    action: SlurmActionKind  # drain or resume
+    reason: str  # the Slurm reason set (drain) or why (resume)
+    check: str | None = None  # drain: the check behind it
+    previous: str | None = None  # resume: the drain reason it cleared
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SlurmBreakerOpen(Event):
+    """The circuit breaker refused a drain: too many nodes isolated recently (an alert)."""
+
+    kind: ClassVar[str] = "slurm_breaker_open"
+    node: str  # the node not drained
+    hit: int  # nodes isolated within the window, this one included
+    total: int  # nodes in the cluster
+    window_s: float  # the breaker's window
+    max_fraction: float  # the breaker's limit
+    check: str  # the check that asked for the drain
+    detail: str  # its detail
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SlurmActionSkipped(Event):
+    """A drain or resume was not done: the node is not gpufleet's to touch."""
+
+    kind: ClassVar[str] = "slurm_action_skipped"
+    node: str  # the node
+    action: SlurmActionKind  # what was not done
+    why: str  # why
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SlurmActionFailed(Event):
+    """A drain or resume command failed."""
+
+    kind: ClassVar[str] = "slurm_action_failed"
+    node: str  # the node
+    action: SlurmActionKind  # what failed
+    error: str  # the error
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class UnknownEvent(Event):
+    """A ledger line this reader could not type: an unknown kind (a newer writer, say) or fields that
+    do not fit the kind's schema. Never written; the reliability math skips it."""
+
+    ev: str  # the line's ``ev``
+    data: Mapping[str, Any]  # the whole line
+    problem: str  # why it could not be typed
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    c.kind: c
+    for c in (
+        RunStart,
+        RunEnd,
+        AttemptStart,
+        WorkerReady,
+        Heartbeat,
+        Step,
+        EpochEnd,
+        Failure,
+        Detected,
+        Teardown,
+        Restart,
+        Restore,
+        RestoreRejected,
+        Rollback,
+        Spike,
+        Skip,
+        GiveUp,
+        NodeLost,
+        CkptStaged,
+        CkptCommitted,
+        CkptUploaded,
+        CkptVerified,
+        CkptFailed,
+        CkptSkipped,
+        CkptDeleted,
+        Interval,
+        Inject,
+        NodeState,
+        HealthResult,
+        SlurmAction,
+        SlurmBreakerOpen,
+        SlurmActionSkipped,
+        SlurmActionFailed,
+    )
+}
+"""Every event kind by its ``ev`` string."""
+
+# The kind strings, for readers that compare raw records (``rec["ev"] == E.STEP``).
+RUN_START, RUN_END, ATTEMPT_START, WORKER_READY = "run_start", "run_end", "attempt_start", "worker_ready"
+HEARTBEAT, STEP, EPOCH_END = "hb", "step", "epoch_end"
+FAILURE, DETECTED, TEARDOWN, RESTART = "failure", "detected", "teardown", "restart"
+RESTORE, RESTORE_REJECTED, ROLLBACK, SPIKE, SKIP, GIVE_UP = (
+    "restore",
+    "restore_rejected",
+    "rollback",
+    "spike",
+    "skip",
+    "give_up",
+)
+NODE_LOST = "node_lost"
+CKPT_STAGED, CKPT_COMMITTED, CKPT_UPLOADED = "ckpt_staged", "ckpt_committed", "ckpt_uploaded"
+CKPT_VERIFIED, CKPT_FAILED, CKPT_SKIPPED, CKPT_DELETED = (
+    "ckpt_verified",
+    "ckpt_failed",
+    "ckpt_skipped",
+    "ckpt_deleted",
+)
+INTERVAL, INJECT, NODE_STATE, HEALTH_RESULT = "interval", "inject", "node_state", "health_result"
+
+
+# ---------------------------------------------------------------------------------- schema checks
+class _Bad(Exception):
+    pass
+
+
+class _Field(typing.NamedTuple):
+    name: str  # the attribute
+    json: str  # the key in the ledger line
+    tp: Any  # the resolved type
+    required: bool
+    default: Any  # dataclasses.MISSING when required or built by a factory
+    factory: Any  # the default factory, or dataclasses.MISSING
+
+
+@functools.cache
+def _schema(cls: type[Event]) -> tuple[_Field, ...]:
+    """The fields of ``cls``, envelope first."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        json_name = cls.json_names.get(f.name, f.name)
+        out.append(_Field(f.name, json_name, hints[f.name], required, f.default, f.default_factory))
+    return tuple(out)
+
+
+def fields_of(cls: type[Event]) -> tuple[str, ...]:
+    """The ledger keys of ``cls``'s own fields (the envelope's excluded), in declaration order."""
+    envelope = {f.name for f in _schema(Event)}
+    return tuple(f.json for f in _schema(cls) if f.name not in envelope)
+
+
+def _coerce(value: Any, tp: Any, strict: bool, where: str) -> Any:
+    """``value`` checked against (and normalised to) the type ``tp``; raises EventSchemaError."""
+    try:
+        return _conv(value, tp, strict)
+    except _Bad as e:
+        raise EventSchemaError(f"{where}: {e}") from None
+
+
+def _conv(value: Any, tp: Any, strict: bool) -> Any:
+    if tp is Any:
+        return value
+    origin = typing.get_origin(tp)
+    if origin is types.UnionType or origin is typing.Union:
+        args = typing.get_args(tp)
+        if value is None:
+            if type(None) in args:
+                return None
+            raise _Bad("must not be null")
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _conv(value, a, strict)
+            except _Bad as e:
+                errors.append(str(e))
+        raise _Bad("; ".join(errors))
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise _Bad(f"expected a list, got {value!r}")
+        elem = typing.get_args(tp)[0]
+        return tuple(_conv(v, elem, strict) for v in value)
+    if origin is Mapping or tp is Mapping:
+        if not isinstance(value, Mapping):
+            raise _Bad(f"expected an object, got {value!r}")
+        return value
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        if isinstance(value, tp):
+            return value
+        if isinstance(value, str):
+            try:
+                return tp(value)
+            except ValueError:
+                if not strict:
+                    return value  # a value from a newer writer: kept as a plain string
+        raise _Bad(f"{value!r} is not one of {', '.join(m.value for m in tp)}")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise _Bad(f"expected true/false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise _Bad(f"expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        raise _Bad(f"expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise _Bad(f"expected a string, got {value!r}")
+    raise _Bad(f"unsupported field type {tp!r}")  # pragma: no cover - a schema bug
+
+
+def _kind_class(ev: str) -> type[Event]:
+    cls = EVENT_TYPES.get(ev)
+    if cls is None:
+        raise EventSchemaError(f"unknown event kind {ev!r}; valid kinds: {', '.join(EVENT_TYPES)}")
+    return cls
+
+
+def make_event(ev: str, /, **fields: Any) -> Event:
+    """Build (and validate) the event of kind ``ev`` from its ledger keys, strictly.
+
+    ``v`` (the format version, set by the encoder) is accepted and ignored, so a relayed record can
+    be passed as it came."""
+    cls = _kind_class(ev)
+    fields.pop("v", None)
+    schema = _schema(cls)
+    by_json = {f.json: f for f in schema}
+    unknown = sorted(set(fields) - set(by_json))
+    if unknown:
+        raise EventSchemaError(
+            f"{ev} has no field(s) {', '.join(unknown)}; its fields: {', '.join(sorted(by_json))}"
+        )
+    missing = [f.json for f in schema if f.required and f.json not in fields]
+    if missing:
+        raise EventSchemaError(f"{ev} needs field(s) {', '.join(missing)}")
+    return cls(**{by_json[k].name: v for k, v in fields.items()})
+
+
+_E = TypeVar("_E", bound=Event)
+
+
+def _build(cls: type[_E], values: dict[str, Any]) -> _E:
+    """An instance without __post_init__'s strict check (values already checked leniently)."""
+    obj = object.__new__(cls)
+    for k, v in values.items():
+        object.__setattr__(obj, k, v)
+    return obj
+
+
+def parse_event(rec: Mapping[str, Any], *, strict: bool = False) -> Event:
+    """Type one ledger record (a decoded JSON line).
+
+    Lenient (default): unknown keys are ignored, an unknown enum value stays a plain ``str``, and
+    an unknown kind or a record whose fields do not fit becomes an :class:`UnknownEvent`. Strict:
+    any of these raises :class:`EventSchemaError` (for records this version of gpufleet wrote).
+    """
+    ev = rec.get("ev")
+    cls = EVENT_TYPES.get(ev) if isinstance(ev, str) else None
+    if strict:
+        return make_event(str(ev), **{k: v for k, v in rec.items() if k != "ev"})
+    if cls is None:
+        return _unknown(rec, f"unknown event kind {ev!r}")
+    values: dict[str, Any] = {}
+    for f in _schema(cls):
+        if f.json in rec:
+            try:
+                values[f.name] = _conv(rec[f.json], f.tp, False)
+            except _Bad as e:
+                return _unknown(rec, f"{ev}.{f.json}: {e}")
+        elif f.name == "mono":
+            values[f.name] = math.nan
+        elif f.required or f.name == "t":
+            return _unknown(rec, f"{ev} lacks field {f.json}")
+        else:
+            values[f.name] = f.factory() if f.default is dataclasses.MISSING else f.default
+    return _build(cls, values)
+
+
+def _unknown(rec: Mapping[str, Any], problem: str) -> UnknownEvent:
+    t = rec.get("t")
+    session = rec.get("session")
+    return _build(
+        UnknownEvent,
+        {
+            "t": float(t) if isinstance(t, int | float) and not isinstance(t, bool) else math.nan,
+            "mono": math.nan,
+            "session": session if isinstance(session, str) else None,
+            "rank": None,
+            "attempt": None,
+            "ev": str(rec.get("ev")),
+            "data": dict(rec),
+            "problem": problem,
+        },
+    )
+
+
+def to_record(event: Event) -> dict[str, Any]:
+    """The JSON object of ``event``: ``ev``, ``v``, then the fields; optional fields left at a None
+    or empty-tuple default are omitted. Enum members become their strings."""
+    if isinstance(event, UnknownEvent):
+        raise EventSchemaError(f"an unknown event ({event.problem}) cannot be written")
+    rec: dict[str, Any] = {"ev": event.kind, "v": LEDGER_VERSION}
+    for f in _schema(type(event)):
+        value = getattr(event, f.name)
+        if (value is None or value == ()) and (f.default is None or f.default == ()):
+            continue
+        if isinstance(value, enum.Enum):
+            value = value.value
+        elif isinstance(value, tuple):
+            value = list(value)
+        rec[f.json] = value
+    return rec

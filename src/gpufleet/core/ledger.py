@@ -6,34 +6,66 @@ can append without a lock, a crash leaves at most one torn last line (which read
 can be tailed and grepped while a run is live, and it behaves the same on a shared filesystem where
 SQLite's locking does not. The ledger is the single source of every reliability number.
 
-Each event carries ``ev`` (its type, see :mod:`gpufleet.core.events`), ``t`` (wall clock, seconds
-since the epoch), ``mono`` (``time.monotonic()``, comparable between processes on one host) and
-``session`` (one ``gpufleet run`` invocation); the rest depends on the type.
+Each event is one typed object of :mod:`gpufleet.core.events` (``emit(E.Step(step=3, dt=0.1))``),
+written as one JSON line with ``ev`` (its kind), ``v`` (the format version), ``t`` (wall clock,
+seconds since the epoch), ``mono`` (``time.monotonic()``, comparable between processes on one host)
+and ``session`` (one ``gpufleet run`` invocation); the rest depends on the kind. The older form
+``emit("step", step=3, dt=0.1)`` still works: it builds the same typed event through the registry,
+so an unknown kind or field raises :class:`~gpufleet.core.events.EventSchemaError` there too.
+
+``read_events`` returns the raw records (dicts); ``read_typed`` the typed events
+(:func:`~gpufleet.core.events.parse_event`, lenient: see docs/ledger.md for the version policy).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["EventSink", "Ledger", "PipeSink", "NullSink", "read_events", "LEDGER_NAME"]
+from gpufleet.core.events import Event, make_event, parse_event, to_record
+
+__all__ = [
+    "EventSink",
+    "Ledger",
+    "PipeSink",
+    "NullSink",
+    "as_event",
+    "iter_events",
+    "read_events",
+    "read_typed",
+    "LEDGER_NAME",
+]
 
 LEDGER_NAME = "ledger.jsonl"
 
 
 class EventSink(Protocol):
-    """Anything that takes events: the ledger itself, or a pipe to the supervisor."""
+    """Anything that takes events: the ledger itself, or a pipe to the supervisor.
 
-    def emit(self, ev: str, **fields: Any) -> None: ...
+    ``emit(event)`` takes a typed event; ``emit("kind", **fields)`` builds one through the registry.
+    """
+
+    def emit(self, event: Event | str, /, **fields: Any) -> None: ...
 
 
-def _encode(ev: str, fields: dict[str, Any]) -> bytes:
-    record = {"ev": ev, "t": fields.pop("t", time.time()), "mono": fields.pop("mono", time.monotonic())}
-    record.update(fields)
+def as_event(event: Event | str, fields: dict[str, Any]) -> Event:
+    """The typed event an ``emit`` call stands for (validated either way)."""
+    if isinstance(event, Event):
+        if fields:
+            raise TypeError("emit(event) takes no keyword fields; set them on the event")
+        return event
+    return make_event(event, **fields)
+
+
+def _encode(event: Event, **envelope: Any) -> bytes:
+    """One JSON line; ``envelope`` (session, rank) fills those fields when the event left them None."""
+    record = to_record(event)
+    for k, v in envelope.items():
+        if v is not None and record.get(k) is None:
+            record[k] = v
     return (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode()
 
 
@@ -48,10 +80,8 @@ class Ledger:
         self._fsync = fsync
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
-    def emit(self, ev: str, **fields: Any) -> None:
-        if self.session is not None:
-            fields.setdefault("session", self.session)
-        self.write_raw(_encode(ev, fields))
+    def emit(self, event: Event | str, /, **fields: Any) -> None:
+        self.write_raw(_encode(as_event(event, fields), session=self.session))
 
     def write_raw(self, line: bytes) -> None:
         """Append one already-encoded event line (used when relaying events from workers)."""
@@ -83,20 +113,20 @@ class PipeSink:
         self._fd = fd
         self._rank = rank
 
-    def emit(self, ev: str, **fields: Any) -> None:
-        fields.setdefault("rank", self._rank)
+    def emit(self, event: Event | str, /, **fields: Any) -> None:
+        line = _encode(as_event(event, fields), rank=self._rank)
         try:
-            os.write(self._fd, _encode(ev, fields))
+            os.write(self._fd, line)
         except BrokenPipeError:
             # The supervisor is gone; it will kill us shortly. Events are best-effort from here.
             pass
 
 
 class NullSink:
-    """Discards events (ranks other than 0 in standalone mode)."""
+    """Discards events (ranks other than 0 in standalone mode), after the same validation."""
 
-    def emit(self, ev: str, **fields: Any) -> None:
-        return None
+    def emit(self, event: Event | str, /, **fields: Any) -> None:
+        as_event(event, fields)
 
 
 def iter_events(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
@@ -119,5 +149,10 @@ def iter_events(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
 
 
 def read_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """All events of a run directory (or of a ledger file)."""
+    """All events of a run directory (or of a ledger file), as raw records."""
     return list(iter_events(path))
+
+
+def read_typed(path: str | os.PathLike[str]) -> list[Event]:
+    """All events of a run directory (or of a ledger file), typed (lenient :func:`parse_event`)."""
+    return [parse_event(rec) for rec in iter_events(path)]
