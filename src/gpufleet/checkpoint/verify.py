@@ -1,16 +1,23 @@
-"""Verify a checkpoint directory against its manifest: every file's size and xxh3_64 (no torch)."""
+"""Verify a checkpoint directory against its manifest: every file's size and xxh3_64 (no torch).
+
+Also resolves what a user points ``gpufleet ckpt`` at: one checkpoint, a checkpoints directory or a
+run directory.
+"""
 
 from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import xxhash
 
-from gpufleet.checkpoint.manifest import Manifest, read_manifest
+from gpufleet.checkpoint.manifest import MANIFEST_NAME, Manifest, parse_step, read_manifest
+from gpufleet.core.errors import UsageError
 
-__all__ = ["hash_file", "verify_dir", "xxh3_hex"]
+__all__ = ["CheckpointTarget", "hash_file", "resolve_target", "verify_dir", "xxh3_hex"]
 
 _CHUNK = 8 << 20
 
@@ -73,3 +80,50 @@ def verify_dir(ckpt_dir: str | os.PathLike[str], threads: int = 4) -> tuple[Mani
             if reason is not None:
                 return m, reason
     return m, None
+
+
+@dataclass(frozen=True)
+class CheckpointTarget:
+    """What a path given to ``gpufleet ckpt`` names, and the checkpoint directories in it (newest first)."""
+
+    kind: Literal["checkpoint", "checkpoints", "run"]
+    root: Path  # the checkpoints directory (the parent of a single checkpoint)
+    dirs: list[Path]
+
+
+def _is_checkpoint(p: Path) -> bool:
+    """A single checkpoint: a ``step_N`` directory or one holding a manifest or DCP's ``.metadata``."""
+    return parse_step(p.name) is not None or (p / MANIFEST_NAME).is_file() or (p / ".metadata").is_file()
+
+
+def _step_dirs(root: Path) -> list[Path]:
+    found = [p for p in root.iterdir() if p.is_dir() and parse_step(p.name) is not None]
+    return sorted(found, key=lambda p: parse_step(p.name) or 0, reverse=True)
+
+
+def resolve_target(path: str | os.PathLike[str]) -> CheckpointTarget:
+    """Resolve a checkpoint, a checkpoints directory (``step_*`` inside) or a run directory.
+
+    Raises UsageError for a path that is none of these, or that holds no checkpoint directory: an
+    empty answer must never pass for a verified one.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"no such directory: {path}")
+    if not p.is_dir():
+        raise UsageError(f"not a directory: {path}")
+    if _is_checkpoint(p):
+        return CheckpointTarget("checkpoint", p.parent, [p])
+    dirs = _step_dirs(p)
+    if dirs:
+        return CheckpointTarget("checkpoints", p, dirs)
+    sub = p / "checkpoints"
+    if sub.is_dir():
+        dirs = _step_dirs(sub)
+        if dirs:
+            return CheckpointTarget("run", sub, dirs)
+        raise UsageError(f"no checkpoint directories in {sub} (run directory {path})")
+    raise UsageError(
+        f"{path} is not a checkpoint, a checkpoints directory or a run directory "
+        "(no manifest.json, no step_* directories, no checkpoints/)"
+    )

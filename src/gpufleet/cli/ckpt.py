@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as _dt
-from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -15,15 +14,6 @@ app = typer.Typer(
     help="Inspect gpufleet checkpoints: list committed ones, verify sizes and checksums.",
     no_args_is_help=True,
 )
-
-
-def _root(directory: str) -> Path:
-    p = Path(directory)
-    if not p.exists():
-        raise UsageError(f"no such checkpoint directory: {directory}")
-    if not p.is_dir():
-        raise UsageError(f"not a directory: {directory}")
-    return p
 
 
 def _when(t: float) -> str:
@@ -38,18 +28,26 @@ def _size(n: int) -> str:
     return str(n)
 
 
-@app.command("list")
-def list_cmd(
-    directory: str = typer.Argument(..., metavar="DIR", help="checkpoint root (RUN_DIR/checkpoints)"),
-) -> None:
-    """List committed checkpoints (valid manifest), newest first."""
-    from gpufleet.checkpoint.manifest import list_committed
+_DIR_HELP = "a checkpoint (RUN_DIR/checkpoints/step_N), a checkpoints directory or a run directory"
 
-    rows = list_committed(_root(directory))
+
+@app.command("list")
+def list_cmd(directory: str = typer.Argument(..., metavar="DIR", help=_DIR_HELP)) -> None:
+    """List committed checkpoints (valid manifest), newest first. Exit 1 if none is committed."""
+    from gpufleet.checkpoint.manifest import read_manifest
+    from gpufleet.checkpoint.verify import resolve_target
+
+    target = resolve_target(directory)
+    rows = []
+    for d in target.dirs:
+        try:
+            rows.append(read_manifest(d))
+        except (OSError, ValueError):
+            continue  # torn, missing or foreign manifest: not committed
     table = Table(title=f"checkpoints in {directory}")
     for col in ("step", "committed", "size", "files", "world", "meta"):
         table.add_column(col, justify="right" if col in ("step", "size", "files", "world") else "left")
-    for _path, m in rows:
+    for m in sorted(rows, key=lambda m: m.step, reverse=True):
         meta = ", ".join(f"{k}={v}" for k, v in sorted(m.meta.items()) if not isinstance(v, dict | list))
         table.add_row(
             str(m.step), _when(m.time), _size(m.total_bytes), str(len(m.files)), str(m.world_size), meta
@@ -57,28 +55,25 @@ def list_cmd(
     console = Console()
     console.print(table)
     if not rows:
-        console.print("no committed checkpoints")
+        console.print(f"no committed checkpoints ({len(target.dirs)} uncommitted directories)")
+        raise typer.Exit(1)
 
 
 @app.command("verify")
 def verify_cmd(
-    directory: str = typer.Argument(..., metavar="DIR", help="checkpoint root (RUN_DIR/checkpoints)"),
+    directory: str = typer.Argument(..., metavar="DIR", help=_DIR_HELP),
     step: int | None = typer.Option(None, "--step", help="verify only this step"),
 ) -> None:
     """Check every file's size and xxh3 checksum against the manifest. Exit 1 if any fails."""
-    from gpufleet.checkpoint.manifest import parse_step, step_dirname
-    from gpufleet.checkpoint.verify import verify_dir
+    from gpufleet.checkpoint.manifest import parse_step
+    from gpufleet.checkpoint.verify import resolve_target, verify_dir
 
-    root = _root(directory)
+    target = resolve_target(directory)
+    dirs = target.dirs
     if step is not None:
-        target = root / step_dirname(step)
-        if not target.is_dir():
+        dirs = [d for d in dirs if parse_step(d.name) == step]
+        if not dirs:
             raise UsageError(f"no checkpoint for step {step} in {directory}")
-        dirs = [target]
-    else:
-        dirs = sorted(
-            (p for p in root.iterdir() if p.is_dir() and parse_step(p.name) is not None), reverse=True
-        )
     table = Table(title=f"verify {directory}")
     table.add_column("step", justify="right")
     table.add_column("status")
@@ -87,18 +82,14 @@ def verify_cmd(
     with Console().status("verifying checkpoints..."):
         for d in dirs:
             m, reason = verify_dir(d)
+            label = str(parse_step(d.name) if parse_step(d.name) is not None else d.name)
             if reason is None and m is not None:
-                table.add_row(
-                    str(parse_step(d.name)),
-                    "[green]OK[/green]",
-                    f"{len(m.files)} files, {_size(m.total_bytes)}",
-                )
+                table.add_row(label, "[green]OK[/green]", f"{len(m.files)} files, {_size(m.total_bytes)}")
             else:
                 bad += 1
-                table.add_row(str(parse_step(d.name)), "[red]REJECTED[/red]", reason or "")
+                table.add_row(label, "[red]REJECTED[/red]", reason or "")
     console = Console()
     console.print(table)
-    if not dirs:
-        console.print("no checkpoint directories")
+    console.print(f"{len(dirs) - bad} of {len(dirs)} checkpoints verified")
     if bad:
         raise typer.Exit(1)
