@@ -107,9 +107,9 @@ class CheckpointEngine:
                 shutil.rmtree(p, ignore_errors=True)  # temp dirs of killed attempts: never committed
 
     # ---------------------------------------------------------------- events
-    def _emit(self, ev: str, **fields: Any) -> None:
+    def _emit(self, event: E.Event) -> None:
         if self._sink is not None:
-            self._sink.emit(ev, **fields)
+            self._sink.emit(event)
 
     # ---------------------------------------------------------------- save
     def persisting(self) -> bool:
@@ -142,7 +142,7 @@ class CheckpointEngine:
         self.wait_staged()
         if self._busy():
             if not force:
-                self._emit(E.CKPT_SKIPPED, step=step, reason="previous checkpoint still persisting")
+                self._emit(E.CkptSkipped(step=step, reason="previous checkpoint still persisting"))
                 return False
             self._join()
         stage = self._stager.stage(state_dict, deferred)
@@ -174,11 +174,12 @@ class CheckpointEngine:
                 return
             job.staged_reported = True
         self._emit(
-            E.CKPT_STAGED,
-            step=job.step,
-            stall_s=round(job.save_s + job.blocked_s, 6),
-            stage_s=round(job.save_s + job.stage.copy_s, 6),
-            bytes=job.stage.nbytes,
+            E.CkptStaged(
+                step=job.step,
+                stall_s=round(job.save_s + job.blocked_s, 6),
+                stage_s=round(job.save_s + job.stage.copy_s, 6),
+                bytes=job.stage.nbytes,
+            )
         )
 
     def _persist(self, job: _Job) -> None:
@@ -220,7 +221,7 @@ class CheckpointEngine:
         if not ok:
             if self.rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
-                self._emit(E.CKPT_FAILED, step=job.step, reason=reason)
+                self._emit(E.CkptFailed(step=job.step, reason=reason))
             self._error = f"checkpoint at step {job.step} failed: {reason}"
             return
         if self.rank != 0:
@@ -228,12 +229,13 @@ class CheckpointEngine:
         assert files is not None
         nbytes = sum(f.bytes for f in files.values())
         self._emit(
-            E.CKPT_COMMITTED,
-            step=job.step,
-            path=str(final),
-            bytes=nbytes,
-            persist_s=round(persist_s, 6),
-            files=len(files),
+            E.CkptCommitted(
+                step=job.step,
+                path=str(final),
+                bytes=nbytes,
+                persist_s=round(persist_s, 6),
+                files=len(files),
+            )
         )
         self._newest_verified = job.step
         if job.fault == "corrupt":
@@ -275,7 +277,7 @@ class CheckpointEngine:
                 # Manifest first: a crash mid-delete leaves an invisible directory, never a half one.
                 (path / "manifest.json").unlink(missing_ok=True)
                 shutil.rmtree(path, ignore_errors=True)
-                self._emit(E.CKPT_DELETED, step=m.step, path=str(path), reason="retention")
+                self._emit(E.CkptDeleted(step=m.step, path=str(path), reason="retention"))
         if committed:
             self._sweep(committed[0][1].step)
         if self.config.upload_url:
@@ -295,14 +297,16 @@ class CheckpointEngine:
         try:
             nbytes = remote.upload(self.config, final)
         except BaseException as e:  # noqa: BLE001 - boto3/botocore raise many types; report, keep training
-            self._emit(E.CKPT_FAILED, step=step, reason=f"upload failed: {failure_reason(e)}", stage="upload")
+            reason = f"upload failed: {failure_reason(e)}"
+            self._emit(E.CkptFailed(step=step, reason=reason, stage="upload"))
             return
         self._emit(
-            E.CKPT_UPLOADED,
-            step=step,
-            url=remote.url_for(self.config, final.name),
-            upload_s=round(time.perf_counter() - t0, 6),
-            bytes=nbytes,
+            E.CkptUploaded(
+                step=step,
+                url=remote.url_for(self.config, final.name),
+                upload_s=round(time.perf_counter() - t0, 6),
+                bytes=nbytes,
+            )
         )
 
     def _join(self, timeout: float | None = None) -> bool:
@@ -322,6 +326,18 @@ class CheckpointEngine:
             raise CheckpointError(err)
 
     # ---------------------------------------------------------------- list / load
+    def restore_context(self) -> restore.RestoreContext:
+        """What :mod:`restore` uses of this engine: config, root, rank, group, events, buffers, scratch."""
+        return restore.RestoreContext(
+            config=self.config,
+            root=self.root,
+            rank=self.rank,
+            pg=self.pg,
+            emit=self._emit,
+            buffer_for=self._stager.buffer_for,
+            pool=self._pool,
+        )
+
     def list(self) -> list[CheckpointInfo]:
         """Committed checkpoints (valid manifest), newest first: local, then remote."""
         out = [
@@ -339,20 +355,21 @@ class CheckpointEngine:
         only after every file verified). Several ranks: rank 0 verifies, then every rank reads."""
         self._join()
         t0 = time.perf_counter()
+        ctx = self.restore_context()
         choice: tuple[int, str, str, dict[str, Any]] | None = None
         loaded = None
         if not self._distributed:
-            found = restore.choose(self, max_step, state_dict)
+            found = restore.choose(ctx, max_step, state_dict)
             if found is not None:
                 choice, loaded = found[:4], found[4]
         else:  # rank 0 verifies (and downloads) for all; the others never wait on S3 in a collective
             found_box: list[Any] = [None]
 
             def decide() -> Any:
-                found_box[0] = restore.choose(self, max_step, None)
+                found_box[0] = restore.choose(ctx, max_step, None)
                 return None if found_box[0] is None else found_box[0][:4]
 
-            choice = restore.agree_on_choice(self, decide)
+            choice = restore.agree_on_choice(ctx, decide)
         if choice is None:
             return None
         step, path, source, meta = choice
@@ -364,7 +381,7 @@ class CheckpointEngine:
             if loaded is not None:
                 loaded.release()
         if self._distributed:
-            restore.forget_choice(self)  # dcp.load was a collective: every rank has read the choice
+            restore.forget_choice(ctx)  # dcp.load was a collective: every rank has read the choice
         self._newest_verified = step
         return LoadResult(
             step=step,

@@ -7,6 +7,9 @@ Two ways to verify a candidate:
   needs): ``verify.verify_dir`` hashes every file, then ``reader.FastReader`` reads again.
 Either way nothing reaches the caller's tensors before every file of the chosen checkpoint matched
 its manifest; a mismatch emits RESTORE_REJECTED with the reason and the next candidate is tried.
+
+What restore needs from the engine is a :class:`RestoreContext` (the engine's ``restore_context()``):
+restore never imports the engine nor touches its private state.
 """
 
 from __future__ import annotations
@@ -16,61 +19,77 @@ import os
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
 from gpufleet.checkpoint import remote
+from gpufleet.checkpoint.config import CheckpointConfig
 from gpufleet.checkpoint.failures import failure_reason
 from gpufleet.checkpoint.manifest import Manifest, list_committed, step_dirname
-from gpufleet.checkpoint.onepass import Loaded, read_verified
+from gpufleet.checkpoint.onepass import Loaded, ScratchPool, read_verified
 from gpufleet.checkpoint.verify import verify_dir
 from gpufleet.core import events as E
 from gpufleet.core.errors import CheckpointError, StorageError
 
-if TYPE_CHECKING:
-    from gpufleet.checkpoint.engine import CheckpointEngine
-
-__all__ = ["choose", "receive_buffers", "agree_on_choice", "forget_choice"]
+__all__ = ["RestoreContext", "choose", "receive_buffers", "agree_on_choice", "forget_choice"]
 
 _BUFFER_MIN = 1 << 20  # tensors at least this large are read straight into a staging buffer
 
 Verifier = Callable[[Path], tuple[Manifest | None, str | None, Loaded | None]]
 
 
-def receive_buffers(eng: CheckpointEngine, state_dict: dict[str, Any]) -> dict[str, torch.Tensor]:
+@dataclass(frozen=True)
+class RestoreContext:
+    """What a restore needs from its rank's checkpoint engine.
+
+    ``emit(kind, **fields)``: ledger events (a no-op off rank 0); ``buffer_for(fqn, tensor)``: the
+    staging buffer the next save of that tensor would use; ``pool``: scratch memory reused across
+    loads; ``pg``: the process group of the checkpoint collectives (None: a single process)."""
+
+    config: CheckpointConfig
+    root: Path
+    rank: int
+    pg: Any
+    emit: Callable[..., None]
+    buffer_for: Callable[[str, torch.Tensor], torch.Tensor]
+    pool: ScratchPool
+
+
+def receive_buffers(ctx: RestoreContext, state_dict: dict[str, Any]) -> dict[str, torch.Tensor]:
     """fqn -> the engine's staging buffer for each large tensor of ``state_dict`` (created now if
     missing: the next save would create exactly this buffer, so its page faults are paid once)."""
     flat, _ = flatten_state_dict(state_dict)
     out: dict[str, torch.Tensor] = {}
     for fqn, t in flat.items():
         if isinstance(t, torch.Tensor) and t.layout == torch.strided and t.nbytes >= _BUFFER_MIN:
-            out[fqn] = eng._stager.buffer_for(fqn, t.detach())
+            out[fqn] = ctx.buffer_for(fqn, t.detach())
     return out
 
 
 def choose(
-    eng: CheckpointEngine, max_step: int | None, state_dict: dict[str, Any] | None
+    ctx: RestoreContext, max_step: int | None, state_dict: dict[str, Any] | None
 ) -> tuple[int, str, str, dict[str, Any], Loaded | None] | None:
     """(step, path, source, meta, loaded) of the newest checkpoint that verifies, or None.
     ``state_dict`` given: one-pass verification (``loaded`` holds the bytes); else checksum pass."""
-    cfg = eng.config
+    cfg = ctx.config
     verify: Verifier
     if state_dict is not None:
-        buffers = receive_buffers(eng, state_dict)
+        buffers = receive_buffers(ctx, state_dict)
 
         def verify(p: Path) -> tuple[Manifest | None, str | None, Loaded | None]:
-            return read_verified(p, buffers, eng._pool, threads=cfg.io_threads, direct=cfg.direct_io)
+            return read_verified(p, buffers, ctx.pool, threads=cfg.io_threads, direct=cfg.direct_io)
     else:
 
         def verify(p: Path) -> tuple[Manifest | None, str | None, Loaded | None]:
             m, reason = verify_dir(p, cfg.io_threads)
             return m, reason, None
 
-    local = {m.step: p for p, m in list_committed(eng.root)}
+    local = {m.step: p for p, m in list_committed(ctx.root)}
     remote_steps = remote.list_steps(cfg) if cfg.upload_url else {}
     for step in sorted(set(local) | set(remote_steps), reverse=True):
         if max_step is not None and step > max_step:
@@ -79,17 +98,18 @@ def choose(
         if step in local:
             candidates.append(("local", lambda p=local[step]: p))
         if step in remote_steps:
-            candidates.append(("s3", lambda s=step: remote.download(cfg, remote_steps[s], eng.root)))
+            candidates.append(("s3", lambda s=step: remote.download(cfg, remote_steps[s], ctx.root)))
         for source, get in candidates:
             t0 = time.perf_counter()
             try:
                 path = get()
             except (StorageError, OSError) as e:  # this copy is unusable: try the next candidate
-                eng._emit(
-                    E.RESTORE_REJECTED,
-                    path=remote.url_for(cfg, step_dirname(step)),
-                    step=step,
-                    reason=f"download failed: {failure_reason(e)}",
+                ctx.emit(
+                    E.RestoreRejected(
+                        path=remote.url_for(cfg, step_dirname(step)),
+                        step=step,
+                        reason=f"download failed: {failure_reason(e)}",
+                    )
                 )
                 continue
             m, reason, loaded = verify(path)
@@ -102,16 +122,17 @@ def choose(
                         "direct_files": loaded.direct_files,
                         "in_buffers_bytes": loaded.in_buffers,
                     }
-                eng._emit(
-                    E.CKPT_VERIFIED,
-                    step=step,
-                    path=str(path),
-                    verify_s=round(time.perf_counter() - t0, 6),
-                    source=source,
-                    **extra,
+                ctx.emit(
+                    E.CkptVerified(
+                        step=step,
+                        path=str(path),
+                        verify_s=round(time.perf_counter() - t0, 6),
+                        source=E.RestoreSource(source),
+                        **extra,
+                    )
                 )
                 return step, str(path), source, m.meta, loaded
-            eng._emit(E.RESTORE_REJECTED, path=str(path), step=step, reason=reason)
+            ctx.emit(E.RestoreRejected(path=str(path), step=step, reason=reason))
     return None
 
 
@@ -119,16 +140,16 @@ Choice = tuple[int, str, str, dict[str, Any]] | None
 
 
 def agree_on_choice(
-    eng: CheckpointEngine, decide: Callable[[], Choice], *, timeout_s: float = 3600.0
+    ctx: RestoreContext, decide: Callable[[], Choice], *, timeout_s: float = 3600.0
 ) -> Choice:
     """Rank 0 decides (verifying, and downloading from S3 when it must); the other ranks read its
     decision from a file in the shared checkpoint directory instead of waiting inside a collective,
     so a slow or throttled S3 never sits under a process-group timeout. Only a token is broadcast,
     before anything slow starts."""
-    token: list[str | None] = [uuid.uuid4().hex if eng.rank == 0 else None]
-    dist.broadcast_object_list(token, src=0, group=eng.pg)
-    path = eng.root / ".restore" / f"{token[0]}.json"
-    if eng.rank == 0:
+    token: list[str | None] = [uuid.uuid4().hex if ctx.rank == 0 else None]
+    dist.broadcast_object_list(token, src=0, group=ctx.pg)
+    path = ctx.root / ".restore" / f"{token[0]}.json"
+    if ctx.rank == 0:
         choice = decide()
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -144,8 +165,8 @@ def agree_on_choice(
     return None if raw is None else (int(raw[0]), str(raw[1]), str(raw[2]), dict(raw[3]))
 
 
-def forget_choice(eng: CheckpointEngine) -> None:
+def forget_choice(ctx: RestoreContext) -> None:
     """Rank 0 removes restore hand-off files once every rank has loaded (after the load collective)."""
-    if eng.rank == 0:
-        for p in (eng.root / ".restore").glob("*.json"):
+    if ctx.rank == 0:
+        for p in (ctx.root / ".restore").glob("*.json"):
             p.unlink(missing_ok=True)
