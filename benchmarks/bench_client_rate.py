@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from gpufleet.serve.calibrate import max_sustainable_rate  # noqa: E402
-from gpufleet.serve.null_endpoint import start_null_endpoint  # noqa: E402
+from gpufleet.serve.bench.calibrate import max_sustainable_rate  # noqa: E402
+from gpufleet.serve.bench.null_endpoint import start_null_endpoint  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -3,9 +3,9 @@ and the rate GuideLLM sustains against the same null endpoint, in one run.
 
 Sustained = p99 send lag <= --lag-ms (2 ms), achieved send rate >= 95% of scheduled, no failed
 request, over one level of --duration seconds at a constant rate. Both tools are searched the same
-way (gpufleet.serve.findmax.search_max_rate: doubling, bisection, stability re-run).
+way (gpufleet.serve.bench.findmax.search_max_rate: doubling, bisection, stability re-run).
 
-* gpufleet: gpufleet.serve.calibrate.max_sustainable_rate, one client process.
+* gpufleet: gpufleet.serve.bench.calibrate.max_sustainable_rate, one client process.
 * GuideLLM: `guidellm run --profile kind=constant,rate=R` with synthetic 8-token prompts and
   2-token outputs, its default worker processes (10: more than our one, so the comparison
   favours GuideLLM). Its send lag per request = request_start - targeted_start from its JSON
@@ -36,9 +36,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from gpufleet.serve.calibrate import max_sustainable_rate  # noqa: E402
-from gpufleet.serve.findmax import Level, search_max_rate  # noqa: E402
-from gpufleet.serve.null_endpoint import start_null_endpoint  # noqa: E402
+from gpufleet.serve.bench.calibrate import max_sustainable_rate  # noqa: E402
+from gpufleet.serve.bench.findmax import Level, search_max_rate  # noqa: E402
+from gpufleet.serve.bench.null_endpoint import start_null_endpoint  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

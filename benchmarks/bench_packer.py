@@ -26,9 +26,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from gpufleet.serve.pack import PackInfeasible, PackResult, pack  # noqa: E402
-from gpufleet.serve.pack_plans import Workload, parse_plan  # noqa: E402
-from gpufleet.serve.racks import Domain, parse_nodes, parse_racks  # noqa: E402
+from gpufleet.serve.common.racks import Domain, parse_nodes, parse_racks  # noqa: E402
+from gpufleet.serve.pack.plans import Workload, parse_plan  # noqa: E402
+from gpufleet.serve.pack.solver import PackInfeasible, PackResult, pack  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

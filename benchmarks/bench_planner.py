@@ -30,10 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/
 
 import numpy as np  # noqa: E402
 
-from gpufleet.serve import planner as pl  # noqa: E402
-from gpufleet.serve import profile as pm  # noqa: E402
-from gpufleet.serve.sim import Requests, Slo, evaluate, simulate_aggregated  # noqa: E402
-from gpufleet.serve.traffic import parse_traffic  # noqa: E402
+from gpufleet.serve.plan import planner as pl  # noqa: E402
+from gpufleet.serve.plan import profile as pm  # noqa: E402
+from gpufleet.serve.plan.sim import Requests, Slo, evaluate, simulate_aggregated  # noqa: E402
+from gpufleet.serve.plan.traffic import parse_traffic  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 VALIDATION_WORKLOAD = "in=fixed:48;out=fixed:24"

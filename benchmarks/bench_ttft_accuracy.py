@@ -1,7 +1,7 @@
 """The client's TTFT / ITL / TPOT measurement error against `gpufleet serve mock`'s configured truth.
 
 For each configuration the mock runs in its own process with jitter 0 (every delay exact), and
-`serve bench`'s load loop (gpufleet.serve.runner.run_load, one client process) sends a fixed
+`serve bench`'s load loop (gpufleet.serve.bench.runner.run_load, one client process) sends a fixed
 workload at a constant rate well inside the mock's capacity (no queueing). Error = measured p50 -
 configured value; the table shows the median over --repeats runs, and the worst p99 error. The
 mock never answers early, so a positive error is what the client (and the OS) adds.
@@ -26,12 +26,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/support: MockProcess
 
-from gpufleet.serve.arrivals import parse_arrival  # noqa: E402
-from gpufleet.serve.client import ClientConfig, endpoint_url  # noqa: E402
-from gpufleet.serve.metrics import summarize_records  # noqa: E402
-from gpufleet.serve.runner import LoadPlan, run_load  # noqa: E402
-from gpufleet.serve.slo import SLO  # noqa: E402
-from gpufleet.serve.workload import parse_spec  # noqa: E402
+from gpufleet.serve.bench.arrivals import parse_arrival  # noqa: E402
+from gpufleet.serve.bench.client import ClientConfig, endpoint_url  # noqa: E402
+from gpufleet.serve.bench.metrics import summarize_records  # noqa: E402
+from gpufleet.serve.bench.runner import LoadPlan, run_load  # noqa: E402
+from gpufleet.serve.common.slo import SLO  # noqa: E402
+from gpufleet.serve.common.workload import parse_spec  # noqa: E402
 from support.llama import MockProcess  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -19,8 +19,8 @@ import pytest
 pytest.importorskip("aiohttp", reason="the serve extra (aiohttp) is not installed")
 
 from gpufleet.core.ports import free_port  # noqa: E402
-from gpufleet.serve.findmax import Level, search_max_rate  # noqa: E402
-from gpufleet.serve.null_endpoint import NullEndpoint, start_null_endpoint  # noqa: E402
+from gpufleet.serve.bench.findmax import Level, search_max_rate  # noqa: E402
+from gpufleet.serve.bench.null_endpoint import NullEndpoint, start_null_endpoint  # noqa: E402
 
 GPUFLEET = [sys.executable, "-m", "gpufleet.cli.main"]
 

@@ -3,7 +3,7 @@ tests/integration/test_serve_plan_llama.py runs against llama.cpp."""
 
 from __future__ import annotations
 
-from gpufleet.serve import profile as pm
+from gpufleet.serve.plan import profile as pm
 
 
 def test_profile_sweep_sees_a_batching_server(serve_mock) -> None:  # type: ignore[no-untyped-def]
