@@ -258,9 +258,7 @@ class FlakyProxy(ChildService):
 
 
 def _main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m support.flaky_proxy", description=__doc__.split("\n")[0]
-    )
+    p = argparse.ArgumentParser(prog="python -m support.flaky_proxy", description=__doc__.split("\n")[0])
     p.add_argument("--upstream", required=True, help="the S3 server, http://host:port")
     p.add_argument("--error-rate", type=float, default=0.2, help="fraction of requests to fail (0..1)")
     p.add_argument(

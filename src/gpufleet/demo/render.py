@@ -10,7 +10,7 @@ from gpufleet.core.ledger import read_events
 
 if TYPE_CHECKING:
     from gpufleet.demo.compare import Comparison
-    from gpufleet.demo.runner import DemoConfig, RunTiming
+    from gpufleet.demo.config import DemoConfig, RunTiming
 
 __all__ = ["Say", "loss_curve", "loss_summary", "report", "sample"]
 
