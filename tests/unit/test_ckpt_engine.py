@@ -18,6 +18,7 @@ from gpufleet.checkpoint import CheckpointConfig, CheckpointEngine
 from gpufleet.checkpoint.manifest import FileEntry, Manifest, read_manifest, write_manifest
 from gpufleet.core import events as E
 from gpufleet.core.errors import CheckpointError, ConfigError
+from gpufleet.core.ledger import as_event
 
 # Single-process DCP calls pass no_dist=True on purpose; DCP warns regardless.
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -27,8 +28,9 @@ class Sink:
     def __init__(self) -> None:
         self.events: list[tuple[str, dict[str, Any]]] = []
 
-    def emit(self, ev: str, **fields: Any) -> None:
-        self.events.append((ev, fields))
+    def emit(self, event: E.Event | str, /, **fields: Any) -> None:
+        e = as_event(event, fields)
+        self.events.append((e.kind, e.to_record()))
 
     def of(self, ev: str) -> list[dict[str, Any]]:
         return [f for e, f in self.events if e == ev]

@@ -77,7 +77,7 @@ def download(config: CheckpointConfig, prefix: str, root: Path) -> Path:
     return dest
 
 
-def retain(config: CheckpointConfig, doomed: list[int], emit: Callable[..., None]) -> None:
+def retain(config: CheckpointConfig, doomed: list[int], emit: Callable[[E.Event], None]) -> None:
     """Delete remote copies of the checkpoints retention dropped locally."""
     if not doomed:
         return
@@ -85,4 +85,4 @@ def retain(config: CheckpointConfig, doomed: list[int], emit: Callable[..., None
     for step in doomed:
         if step in remote:
             store(config).delete_prefix(remote[step])
-            emit(E.CKPT_DELETED, step=step, path=url_for(config, step_dirname(step)), reason="retention")
+            emit(E.CkptDeleted(step=step, path=url_for(config, step_dirname(step)), reason="retention"))

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpufleet.core import events as E
 from gpufleet.core.errors import UsageError
 from gpufleet.core.events import NODE_STATE
 from gpufleet.core.ledger import Ledger, read_events
@@ -55,12 +56,12 @@ __all__ = [
     "lemon_settings",
 ]
 
-STATES = ("healthy", "suspect", "drained", "repaired", "validated", "in_service")
+STATES = tuple(s.value for s in E.NodeStateName)  # healthy suspect drained repaired validated in_service
 GOOD_STATES = frozenset({"healthy", "validated", "in_service"})
 DOWN_STATES = frozenset({"suspect", "drained", "repaired"})
 FAILURE_STATES = frozenset({"suspect", "drained"})
-COMPONENTS = ("gpu", "memory", "network", "storage", "host", "software", "unknown")
-BY = ("gpufleet", "admin")
+COMPONENTS = tuple(c.value for c in E.Component)  # gpu memory network storage host software unknown
+BY = tuple(a.value for a in E.Actor)  # gpufleet admin
 
 DEFAULT_LEMON_FAILURES = 3
 DEFAULT_LEMON_WINDOW_DAYS = 30.0
@@ -101,7 +102,7 @@ def record_state(
     if t is not None:
         fields["t"] = t
     with Ledger(fleet_dir(fleet)) as ledger:
-        ledger.emit(NODE_STATE, **dict(fields))
+        ledger.emit(E.NodeState(**fields))
     return fields
 
 

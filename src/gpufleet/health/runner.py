@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpufleet.core import events as E
 from gpufleet.core.events import HEALTH_RESULT
 from gpufleet.core.ledger import Ledger, read_events
 from gpufleet.health.checks import CheckSpec, Context, registry
@@ -203,12 +204,13 @@ def record_report(report: Report, fleet: str | os.PathLike[str] | None = None) -
     with Ledger(d) as ledger:
         for r in report.results:
             ledger.emit(
-                HEALTH_RESULT,
-                node=report.node,
-                plan=report.plan,
-                profile=report.profile,
-                valid_until=report.valid_until,
-                **{k: v for k, v in r.to_dict().items() if k != "data"},
+                E.HealthResult(
+                    node=report.node,
+                    plan=report.plan,
+                    profile=report.profile,
+                    valid_until=report.valid_until,
+                    **{k: v for k, v in r.to_dict().items() if k != "data"},
+                )
             )
     return d
 

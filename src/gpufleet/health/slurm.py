@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpufleet.core import events as E
 from gpufleet.core.ledger import EventSink, Ledger, read_events
 
 __all__ = [
@@ -40,9 +41,9 @@ __all__ = [
 ]
 
 PREFIX = "gpufleet:"
-ACTION_EV = "slurm_action"  # node, action: drain|resume, reason, by
-BREAKER_EV = "slurm_breaker_open"  # node, hit, total, window_s, max_fraction
-SKIP_EV = "slurm_action_skipped"  # node, action, why
+ACTION_EV = E.SlurmAction.kind
+BREAKER_EV = E.SlurmBreakerOpen.kind
+SKIP_EV = E.SlurmActionSkipped.kind
 DEFAULT_TIMEOUT_S = 15.0
 
 
@@ -162,19 +163,20 @@ class SlurmActions:
         self.breaker = breaker or Breaker(fleet)
         self.timeout = timeout
 
-    def _emit(self, ev: str, **fields: Any) -> None:
+    def _emit(self, event: E.Event) -> None:
         from gpufleet.health.nodes import fleet_dir
 
         with Ledger(fleet_dir(self.fleet)) as fl:
-            fl.emit(ev, **fields)
+            fl.emit(event)
         if self.sink is not None:
-            self.sink.emit(ev, **fields)
+            self.sink.emit(event)
 
     def drain(self, node: str, check: str, detail: str, component: str = "unknown") -> bool:
         """Drain ``node`` with an owned reason. False when skipped (admin drain, breaker open)."""
         info = node_info(node, self.timeout)
         if info.drained and not info.owned:
-            self._emit(SKIP_EV, node=node, action="drain", why=f"drained by someone else: {info.reason}")
+            why = f"drained by someone else: {info.reason}"
+            self._emit(E.SlurmActionSkipped(node=node, action=E.SlurmActionKind.DRAIN, why=why))
             return False
         if info.drained:  # already isolated by gpufleet: nothing to do, and not a new hit
             return True
@@ -182,14 +184,15 @@ class SlurmActions:
         ok, hit = self.breaker.allows(node, total)
         if not ok:
             self._emit(
-                BREAKER_EV,
-                node=node,
-                hit=hit,
-                total=total,
-                window_s=self.breaker.window_s,
-                max_fraction=self.breaker.max_fraction,
-                check=check,
-                detail=detail,
+                E.SlurmBreakerOpen(
+                    node=node,
+                    hit=hit,
+                    total=total,
+                    window_s=self.breaker.window_s,
+                    max_fraction=self.breaker.max_fraction,
+                    check=check,
+                    detail=detail,
+                )
             )
             print(
                 f"gpufleet: ALERT: circuit breaker open: {hit}/{total} nodes hit within "
@@ -199,7 +202,7 @@ class SlurmActions:
             return False
         reason = make_reason(check, detail)
         run_slurm(["scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}"], self.timeout)
-        self._emit(ACTION_EV, node=node, action="drain", reason=reason, check=check)
+        self._emit(E.SlurmAction(node=node, action=E.SlurmActionKind.DRAIN, reason=reason, check=check))
         _record(node, "drained", reason, component=component, check=check, fleet=self.fleet)
         return True
 
@@ -212,10 +215,13 @@ class SlurmActions:
         mine = info.owned and (only_check is None or info.reason.startswith(make_reason(only_check, "")))
         if not mine:
             if info.drained or info.reason:
-                self._emit(SKIP_EV, node=node, action="resume", why=f"not ours: {info.reason}")
+                why = f"not ours: {info.reason}"
+                self._emit(E.SlurmActionSkipped(node=node, action=E.SlurmActionKind.RESUME, why=why))
             return False
         run_slurm(["scontrol", "update", f"nodename={node}", "state=resume"], self.timeout)
-        self._emit(ACTION_EV, node=node, action="resume", reason=why, previous=info.reason)
+        self._emit(
+            E.SlurmAction(node=node, action=E.SlurmActionKind.RESUME, reason=why, previous=info.reason)
+        )
         _record(node, "repaired", why, component="unknown", check=None, fleet=self.fleet)
         return True
 

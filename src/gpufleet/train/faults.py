@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from gpufleet.core import events as E
 from gpufleet.core.errors import UsageError
 from gpufleet.core.units import parse_duration
 
@@ -148,18 +149,22 @@ class FaultInjector:
     """Worker-side: fires the faults meant for this rank at the right step."""
 
     def __init__(
-        self, faults: list[Fault], rank: int, emit: object, settle: Callable[[], None] | None = None
+        self,
+        faults: list[Fault],
+        rank: int,
+        emit: Callable[[E.Event], None],
+        settle: Callable[[], None] | None = None,
     ) -> None:
         self.rank = rank
         self._faults = [f for f in faults if f.applies_to(rank)]
-        self._emit = emit  # callable(ev, **fields)
+        self._emit = emit  # an EventSink's emit
         self._settle = settle  # waits for this rank's in-flight checkpoint save to finish
         self._t0 = time.monotonic()
 
     def _fire(self, f: Fault, step: int) -> None:
         if f.settle and self._settle is not None:
             self._settle()
-        self._emit("inject", kind=f.kind, fault_id=f.id, step=step, spec=f.spec, persist=f.persist)  # type: ignore[operator]
+        self._emit(E.Inject(fault=f.kind, fault_id=f.id, step=step, spec=f.spec, persist=f.persist))
         if not f.persist:
             self._faults.remove(f)
 

@@ -52,7 +52,7 @@ class RollbackPlanner:
         self.max_step = None
 
     def plan(self, spike_step: int, ledger: Ledger, attempt: int) -> bool:
-        """Decide the next attempt's restore bound and skip windows; always records a ROLLBACK event."""
+        """Decide the next attempt's restore bound and skip windows; always records a ``rollback`` event."""
         self.count += 1
         self.seen[spike_step] = self.seen.get(spike_step, 0) + 1
         steps = committed_steps(self.ckpt_dir)
@@ -60,12 +60,13 @@ class RollbackPlanner:
             self.max_step = spike_step
             target = max((s for s in steps if s <= spike_step), default=0)
             ledger.emit(
-                E.ROLLBACK,
-                from_step=spike_step,
-                to_step=target,
-                mode="replay",
-                attempt=attempt,
-                reason="first spike at this step: treated as transient, replaying the same batches",
+                E.Rollback(
+                    from_step=spike_step,
+                    to_step=target,
+                    mode=E.RollbackMode.REPLAY,
+                    attempt=attempt,
+                    reason="first spike at this step: treated as transient, replaying the same batches",
+                )
             )
             return True
         older = [s for s in steps if s <= spike_step - self.window]
@@ -79,15 +80,16 @@ class RollbackPlanner:
         self.skip.append([target, spike_step + 1])
         self.max_step = target
         ledger.emit(
-            E.ROLLBACK,
-            from_step=spike_step,
-            to_step=target,
-            mode="skip",
-            skip_from=target,
-            skip_to=spike_step + 1,
-            abandoned=abandoned,
-            attempt=attempt,
-            reason="spike recurred at the same step: skipping its batch window",
+            E.Rollback(
+                from_step=spike_step,
+                to_step=target,
+                mode=E.RollbackMode.SKIP,
+                skip_from=target,
+                skip_to=spike_step + 1,
+                abandoned=tuple(abandoned),
+                attempt=attempt,
+                reason="spike recurred at the same step: skipping its batch window",
+            )
         )
         return True
 

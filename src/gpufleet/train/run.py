@@ -67,7 +67,9 @@ class Run:
             self.sink = PipeSink(settings.control_fd, self.rank)
         elif self.is_main:
             self.sink = Ledger(self.run_dir, session=f"standalone-{uuid.uuid4().hex[:8]}")
-            self.sink.emit(E.RUN_START, world_size=self.world_size, backend="standalone", command=sys.argv)
+            self.sink.emit(
+                E.RunStart(world_size=self.world_size, backend="standalone", command=tuple(sys.argv))
+            )
         else:
             self.sink = NullSink()
         # A separate gloo group so background checkpoint collectives never interleave with training's.
@@ -96,7 +98,7 @@ class Run:
         self._ckpt_obs: dict[str, float] = {}  # latest stall/persist seconds, fed to the interval policy
         signal.signal(signal.SIGUSR1, self._on_stop_signal)
         spawn_t = float(os.environ.get("GPUFLEET_SPAWN_T", t_init))
-        self.sink.emit(E.WORKER_READY, attempt=settings.attempt, init_s=round(time.time() - spawn_t, 4))
+        self.sink.emit(E.WorkerReady(attempt=settings.attempt, init_s=round(time.time() - spawn_t, 4)))
 
     # ------------------------------------------------------------------ checkpoint plumbing
     def _on_stop_signal(self, signum: int, frame: object) -> None:
@@ -169,7 +171,7 @@ class Run:
         t0 = time.monotonic()
         result = engine.load(template, max_step=max_step)
         if result is None:
-            self.sink.emit(E.RESTORE, step=0, fresh=True, load_s=round(time.monotonic() - t0, 4))
+            self.sink.emit(E.Restore(step=0, fresh=True, load_s=round(time.monotonic() - t0, 4)))
             self._start = 0
         else:
             sd = result.state_dict
@@ -181,12 +183,14 @@ class Run:
             self._skips = self._skips or [list(w) for w in internal.get("skips", [])]
             self._start = int(result.step)
             self.sink.emit(
-                E.RESTORE,
-                step=self._start,
-                fresh=False,
-                path=result.path,
-                source=result.source,
-                load_s=round(time.monotonic() - t0, 4),  # read + verify + apply: all of it blocks the restart
+                E.Restore(
+                    step=self._start,
+                    fresh=False,
+                    path=result.path,
+                    source=result.source,
+                    # read + verify + apply: all of it blocks the restart
+                    load_s=round(time.monotonic() - t0, 4),
+                )
             )
         self._last_saved_step = self._start
         self.step = self._start
@@ -241,7 +245,7 @@ class Run:
         )
         if self.world_size > 1:
             if self.supervised:  # "waiting on peers": lets the hang detector blame the rank that never came
-                self.sink.emit("hb", step=self.step, phase="sync")
+                self.sink.emit(E.Heartbeat(step=self.step, phase=E.HeartbeatPhase.SYNC))
             dist.all_reduce(vec)
         self._ctrl_done = True
         self._save_due = vec[3].item() > 0
@@ -267,7 +271,7 @@ class Run:
         while step < total:
             resume = self._in_skip(step)
             if resume is not None:
-                self.sink.emit(E.SKIP, skipped_from=step, skipped_to=resume)
+                self.sink.emit(E.Skip(skipped_from=step, skipped_to=resume))
                 step = resume
                 continue
             self.step = step
@@ -278,7 +282,7 @@ class Run:
             self._save_due = False
             self._faults.before_step(step)
             if self.supervised:
-                self.sink.emit("hb", step=step, total=total)
+                self.sink.emit(E.Heartbeat(step=step, total=total))
             self._ctrl_done = False
             self._progressed = False
             try:
@@ -305,23 +309,25 @@ class Run:
         self.step = total
 
     def _record_step(self, step: int, dt: float) -> None:
-        fields: dict[str, Any] = {
-            "step": step,
-            "epoch": self.epoch,
-            "dt": round(dt, 6),
-            "stall": round(self._stall, 6),
-        }
-        if self._last_loss is not None:
-            fields["loss"] = self._last_loss
-            self._last_loss = None
-        self.sink.emit(E.STEP, **fields)
+        self.sink.emit(
+            E.Step(
+                step=step,
+                epoch=self.epoch,
+                dt=round(dt, 6),
+                stall=round(self._stall, 6),
+                loss=self._last_loss,
+            )
+        )
+        self._last_loss = None
+        if self.steps_per_epoch and (step + 1) % self.steps_per_epoch == 0:
+            self.sink.emit(E.EpochEnd(epoch=self.epoch, step=step))
         obs = self._engine_observations()
         # A step overlapped a persist if one is still running or one committed during it: persist
         # and checksum threads take CPU from training, a cost the stall alone does not show.
         overlapped = "persist_s" in obs or (self._engine is not None and self._engine.persisting())
         decision = self._policy.observe(step_s=dt - self._stall, overlapped=overlapped, **obs)
         if decision:
-            self.sink.emit(E.INTERVAL, step=step, **decision)
+            self.sink.emit(E.Interval(step=step, **decision))
 
     def _engine_observations(self) -> dict[str, float]:
         obs = dict(self._ckpt_obs)  # the observing sink holds this very dict: copy, then clear in place
@@ -346,7 +352,7 @@ class Run:
         return mean
 
     def _on_spike(self, reason: str, value: float) -> None:
-        self.sink.emit(E.SPIKE, step=self.step, reason=reason, value=None if value != value else value)
+        self.sink.emit(E.Spike(step=self.step, reason=reason, value=None if value != value else value))
         if not self.supervised:
             raise SpikeDetected(f"step {self.step}: {reason}")
         # Under a supervisor: every rank saw the same value, so every rank leaves here together.
@@ -385,14 +391,14 @@ class Run:
     def _heartbeat_phase(self, phase: str) -> None:
         # Tells the supervisor's hang detector that a long, step-less phase (final save) is starting.
         if self.supervised:
-            self.sink.emit("hb", step=self.step, phase=phase)
+            self.sink.emit(E.Heartbeat(step=self.step, phase=E.HeartbeatPhase(phase)))
 
     def _close(self, status: str) -> None:
         self._finished = True
         if self._engine is not None:
             self._engine.close()
         if not self.supervised and self.is_main:
-            self.sink.emit(E.RUN_END, status=status, exit_code=0)
+            self.sink.emit(E.RunEnd(status=E.RunStatus(status), exit_code=0))
         if self.world_size > 1 and dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()
@@ -405,12 +411,13 @@ class _ObservingSink:
         self._inner = inner
         self._observed = observed
 
-    def emit(self, ev: str, **fields: Any) -> None:
-        if ev == E.CKPT_STAGED and fields.get("stall_s") is not None:
-            self._observed["stall_s"] = float(fields["stall_s"])
-        elif ev == E.CKPT_COMMITTED and fields.get("persist_s") is not None:
-            self._observed["persist_s"] = float(fields["persist_s"])
-        self._inner.emit(ev, **fields)
+    def emit(self, event: E.Event) -> None:
+        match event:
+            case E.CkptStaged(stall_s=stall_s):
+                self._observed["stall_s"] = stall_s
+            case E.CkptCommitted(persist_s=persist_s):
+                self._observed["persist_s"] = persist_s
+        self._inner.emit(event)
 
 
 def init(**kwargs: Any) -> Run:
