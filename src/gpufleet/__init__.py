@@ -9,7 +9,9 @@ The public API for training scripts is small and cheap to import::
         ...
         run.log(loss=loss)
 
-torch is imported only when ``init()`` is called.
+torch is imported only when ``init()`` is called: ``import gpufleet`` loads the standard library
+and ``gpufleet.core.errors``, nothing else. ``Run`` and the training helpers are resolved on first
+use (module ``__getattr__``); ``__all__`` lists the whole public API.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from gpufleet.core.errors import (
 
 if TYPE_CHECKING:
     from gpufleet.train.run import Run
+    from gpufleet.train.state import EarlyStopping, RNGState, StepSampler
 
 __version__ = "0.1.0"
 
@@ -75,3 +78,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(state, name)
     raise AttributeError(f"module 'gpufleet' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
