@@ -10,9 +10,9 @@ import torch
 
 from gpufleet.backends.local import python_entry
 from gpufleet.core.errors import ConfigError, UsageError
+from gpufleet.core.settings import RollbackPlan, RunSettings
 from gpufleet.train.faults import FaultInjector, faults_from_env, faults_to_env, parse_fault, parse_faults
 from gpufleet.train.rollback import RollbackPlanner, committed_steps
-from gpufleet.train.settings import RunSettings
 from gpufleet.train.spike import SpikeGuard
 from gpufleet.train.state import EarlyStopping, RNGState, StepSampler
 
@@ -58,7 +58,7 @@ def test_injector_targets_ranks_and_fires_once():
     inj = FaultInjector(
         parse_faults(["nan:step=2", "spike:step=3,rank=1,factor=10", "ckpt_fail:step=4"]),
         rank=1,
-        emit=lambda e: fired.append(e.fault),
+        emit=lambda ev, **f: fired.append(f["kind"]),
     )
     assert inj.loss(1, 1.0) == 1.0
     assert math.isnan(inj.loss(2, 1.0))
@@ -71,7 +71,7 @@ def test_injector_targets_ranks_and_fires_once():
     inj.fired(due, 6)
     assert inj.checkpoint_fault(7) is None
     assert fired == ["nan", "spike", "ckpt_fail"]
-    other = FaultInjector(parse_faults(["spike:step=3,rank=1"]), rank=0, emit=lambda e: None)
+    other = FaultInjector(parse_faults(["spike:step=3,rank=1"]), rank=0, emit=lambda ev, **f: None)
     assert other.loss(3, 2.0) == 2.0
 
 
@@ -91,7 +91,7 @@ def test_settle_waits_for_the_checkpoint_before_the_fault_fires():
         raise Settled  # stands in for the wait; stops the test before the SIGKILL
 
     inj = FaultInjector(
-        parse_faults(["kill:step=4,settle=1"]), rank=0, emit=lambda e: order.append(e.kind), settle=settle
+        parse_faults(["kill:step=4,settle=1"]), rank=0, emit=lambda ev, **f: order.append(ev), settle=settle
     )
     inj.before_step(3)
     assert order == []
@@ -157,7 +157,7 @@ def test_settings_env_overrides_init_kwargs(monkeypatch, tmp_path):
     monkeypatch.setenv("GPUFLEET_CKPT_EVERY", "7")
     monkeypatch.setenv("GPUFLEET_ROLLBACK", json.dumps({"max_step": 3, "skip": [[1, 4]]}))
     s = RunSettings.load(run_dir=str(tmp_path), checkpoint_every="100", keep_last=2)
-    assert s.checkpoint_every == "7" and s.keep_last == 2 and s.rollback["skip"] == [[1, 4]]
+    assert s.checkpoint_every == "7" and s.keep_last == 2 and s.rollback.skip == ((1, 4),)
     assert s.ckpt_dir == tmp_path / "checkpoints"
     with pytest.raises(ConfigError, match="unknown gpufleet.init"):
         RunSettings.load(checkpoint_evry="5")
@@ -185,9 +185,10 @@ def test_rollback_planner_replays_then_skips(tmp_path):
     planner = RollbackPlanner(tmp_path, window=15)
     with Ledger(tmp_path) as led:
         planner.plan(42, led, attempt=0)
-        assert json.loads(planner.env()) == {"max_step": 42, "skip": []}
+        assert planner.pending() == RollbackPlan(max_step=42, skip=())
         planner.plan(42, led, attempt=1)
-    assert json.loads(planner.env()) == {"max_step": 20, "skip": [[20, 43]]}
+    assert planner.pending() == RollbackPlan(max_step=20, skip=((20, 43),))
+    assert RollbackPlan.from_env(planner.pending().to_env()) == planner.pending()
     assert committed_steps(ck) == [10, 20]
     assert len(list((ck / "abandoned").iterdir())) == 2  # moved aside, never deleted
     rb = [e for e in read_events(tmp_path) if e["ev"] == "rollback"]

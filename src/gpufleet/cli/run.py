@@ -1,13 +1,39 @@
-"""``gpufleet run``: supervise a training command on this host, or submit it to Slurm (docs/slurm.md)."""
+"""``gpufleet run``: supervise a training command on this host, or submit it to Slurm (docs/slurm.md).
+
+Flags -> :class:`RunRequest` (typed, validated in full before anything starts) -> the supervisor or
+the Slurm submission -> one summary line. A bad value is one line on stderr and exit code 2.
+"""
 
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-__all__ = ["register"]
+if TYPE_CHECKING:
+    from gpufleet.train.settings import SupervisorConfig
+    from gpufleet.train.supervisor import Outcome
+
+__all__ = ["register", "RunRequest", "SlurmJob"]
+
+_HELP = """Run COMMAND (after --) as N supervised workers; restart on crash, hang or loss spike.
+
+The command is a plain training script that calls gpufleet.init(). Every flag is checked before a
+worker starts. Exit codes: 0 done (or stopped cleanly), 1 failed, 2 bad flags or settings (also when
+a worker rejects its settings), 3 no checkpoint progress, 4 restart budget used up, 5 rollback budget
+used up.
+
+Examples:
+
+  gpufleet run -n 2 --checkpoint-every auto -- python train.py
+
+  gpufleet run -n 2 --inject kill:rank=1,step=40 -- python train.py
+
+  gpufleet run --backend slurm --nodes 2 -n 8 --partition gpu -- python train.py
+"""
 
 
 def register(app: typer.Typer) -> None:
@@ -15,16 +41,87 @@ def register(app: typer.Typer) -> None:
         "run",
         context_settings={"allow_extra_args": True, "ignore_unknown_options": False},
         no_args_is_help=True,
+        help=_HELP,
     )(run_command)
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """The flags that describe the Slurm batch job itself (``--backend slurm``)."""
+
+    nodes: int
+    spare_nodes: int
+    min_nodes: int | None
+    partition: str | None
+    time_limit: str | None
+    exclude: tuple[str, ...]
+    job_name: str
+    submit: bool
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What ``gpufleet run`` was asked to do. Building one validates every flag (ConfigError)."""
+
+    config: SupervisorConfig  # for --backend slurm: the supervisor that will run inside the job
+    slurm: SlurmJob | None = None
+
+    @classmethod
+    def from_flags(cls, p: Mapping[str, Any], command: list[str], *, tty: bool) -> RunRequest:
+        """``p``: the command's parameters by name; ``tty``: whether the live view would be on by default."""
+        from gpufleet.backends import BACKENDS
+        from gpufleet.core.errors import UsageError
+        from gpufleet.train.settings import SupervisorConfig
+
+        backend = p["backend"]
+        if backend != "slurm" and backend not in BACKENDS:
+            choices = ", ".join((*BACKENDS, "slurm"))
+            raise UsageError(f"--backend {backend!r} is not a backend; valid backends: {choices}")
+        slurm = None
+        options: dict[str, Any] = {}
+        if backend == "slurm":
+            slurm = SlurmJob(
+                nodes=p["nodes"] or 1,
+                spare_nodes=p["spare_nodes"],
+                min_nodes=p["min_nodes"],
+                partition=p["partition"],
+                time_limit=p["time_limit"],
+                exclude=tuple(p["exclude"] or ()),
+                job_name=p["job_name"],
+                submit=p["submit"],
+            )
+        if backend in ("slurm", "srun"):
+            options = {"nodes": p["nodes"], "min_nodes": p["min_nodes"]}
+        config = SupervisorConfig(
+            command=command,
+            nproc=p["nproc_per_node"],
+            run_dir=p["run_dir"],
+            backend="srun" if backend == "slurm" else backend,  # inside the job, the supervisor uses srun
+            max_restarts=p["max_restarts"],
+            max_no_progress=p["max_no_progress"],
+            max_rollbacks=p["max_rollbacks"],
+            inject=list(p["inject"] or ()),
+            hang_timeout_floor=p["hang_timeout"],
+            init_timeout=p["init_timeout"],
+            checkpoint_every=p["checkpoint_every"],
+            keep_last=p["keep_last"],
+            upload_url=p["upload"],
+            s3_endpoint=p["s3_endpoint"],
+            mtbf_s=p["mtbf"],
+            standby=p["standby"],
+            progress=tty if p["progress"] is None else p["progress"],
+            backend_options=options,
+        )
+        return cls(config=config, slurm=slurm)
 
 
 def run_command(
     ctx: typer.Context,
     nproc_per_node: Annotated[
-        int, typer.Option("--nproc-per-node", "-n", help="Worker processes on this host.")
+        int, typer.Option("--nproc-per-node", "-n", help="Worker processes per node (this host, each node).")
     ] = 1,
     run_dir: Annotated[
-        str, typer.Option(help="Run directory: ledger, checkpoints, report.")
+        str, typer.Option(help="Run directory: ledger, checkpoints, logs, report.")
     ] = "runs/default",
     backend: Annotated[
         str, typer.Option(help="Where workers run: local, slurm (submit a batch job), srun (inside one).")
@@ -40,15 +137,20 @@ def run_command(
         typer.Option(help="Fault drill, repeatable: kill:rank=1,step=40 | hang:... | nan:step=N ..."),
     ] = None,
     checkpoint_every: Annotated[
-        str | None, typer.Option(help="N (steps), 90s/5m, or auto (Young/Daly).")
+        str | None,
+        typer.Option(help="N or Nsteps, a time (90s, 5m, 1h), or auto (Young/Daly). Default: the script's."),
     ] = None,
-    keep_last: Annotated[int | None, typer.Option(help="Checkpoints to keep.")] = None,
+    keep_last: Annotated[
+        int | None, typer.Option(help="Checkpoints to keep, >= 1. Default: the script's, else 3.")
+    ] = None,
     upload: Annotated[
         str | None, typer.Option(help="s3://bucket/prefix: tiered copy of every checkpoint.")
     ] = None,
-    s3_endpoint: Annotated[str | None, typer.Option(help="S3-compatible endpoint URL.")] = None,
+    s3_endpoint: Annotated[
+        str | None, typer.Option(help="S3-compatible endpoint URL (http:// or https://).")
+    ] = None,
     mtbf: Annotated[
-        float | None, typer.Option(help="Assumed MTBF in seconds for --checkpoint-every auto.")
+        float | None, typer.Option(help="Assumed MTBF in seconds (> 0) for --checkpoint-every auto.")
     ] = None,
     hang_timeout: Annotated[
         float, typer.Option(help="Floor of the auto-calibrated hang timeout, seconds.")
@@ -77,51 +179,23 @@ def run_command(
         bool, typer.Option("--submit/--dry-run", help="slurm: submit, or only write RUN_DIR/job.sbatch.")
     ] = True,
 ) -> int:
-    """Run COMMAND (after --) as N supervised workers; restart on crash, hang or loss spike.
+    request = RunRequest.from_flags(ctx.params, list(ctx.args), tty=sys.stderr.isatty())
+    if request.slurm is not None:
+        return _submit_slurm(request.config, request.slurm, _supervisor_flags(ctx))
+    from gpufleet.train.supervisor import Supervisor
 
-    Example: gpufleet run -n 2 --inject kill:rank=1,step=40 -- python train.py
-    """
-    from gpufleet.core.errors import UsageError
-    from gpufleet.train.supervisor import Supervisor, SupervisorConfig
+    return _render(Supervisor(request.config).run())
 
-    command = list(ctx.args)
-    if not command:
-        raise UsageError("no training command given; usage: gpufleet run [OPTIONS] -- python train.py ARGS")
-    if backend == "slurm":
-        return _submit_slurm(
-            ctx, command, nodes=nodes or 1, spare_nodes=spare_nodes, min_nodes=min_nodes,
-            nproc_per_node=nproc_per_node, run_dir=run_dir, partition=partition, time_limit=time_limit,
-            exclude=list(exclude or []), job_name=job_name, submit=submit,
+
+def _render(outcome: Outcome) -> int:
+    if outcome.status == "config_error":
+        print(f"gpufleet: error: a worker rejected its settings: {outcome.detail}", file=sys.stderr)
+    else:
+        print(
+            f"gpufleet: run {outcome.status} after {outcome.restarts} restart(s); "
+            f"see `gpufleet report {outcome.run_dir}`",
+            file=sys.stderr,
         )
-    backend_options: dict[str, object] = {}
-    if backend == "srun":
-        backend_options = {"nodes": nodes, "min_nodes": min_nodes}
-    cfg = SupervisorConfig(
-        command=command,
-        nproc=nproc_per_node,
-        run_dir=run_dir,
-        backend=backend,
-        max_restarts=max_restarts,
-        max_no_progress=max_no_progress,
-        max_rollbacks=max_rollbacks,
-        inject=list(inject or []),
-        hang_timeout_floor=hang_timeout,
-        init_timeout=init_timeout,
-        checkpoint_every=checkpoint_every,
-        keep_last=keep_last,
-        upload_url=upload,
-        s3_endpoint=s3_endpoint,
-        mtbf_s=mtbf,
-        standby=standby,
-        progress=sys.stderr.isatty() if progress is None else progress,
-        backend_options=backend_options,
-    )
-    outcome = Supervisor(cfg).run()
-    print(
-        f"gpufleet: run {outcome.status} after {outcome.restarts} restart(s); "
-        f"see `gpufleet report {outcome.run_dir}`",
-        file=sys.stderr,
-    )
     return outcome.exit_code
 
 
@@ -153,24 +227,24 @@ def _supervisor_flags(ctx: typer.Context) -> list[str]:
     return out
 
 
-def _submit_slurm(ctx: typer.Context, command: list[str], **kw: object) -> int:
+def _submit_slurm(config: SupervisorConfig, job: SlurmJob, supervisor_flags: list[str]) -> int:
     from gpufleet.backends.slurm import SbatchSpec, exclusions, submit, write_sbatch
 
     spec = SbatchSpec(
-        command=command,
-        run_dir=str(kw["run_dir"]),
-        nodes=int(kw["nodes"]),  # type: ignore[call-overload]
-        spare_nodes=int(kw["spare_nodes"]),  # type: ignore[call-overload]
-        min_nodes=kw["min_nodes"],  # type: ignore[arg-type]
-        nproc_per_node=int(kw["nproc_per_node"]),  # type: ignore[call-overload]
-        partition=kw["partition"],  # type: ignore[arg-type]
-        time=kw["time_limit"],  # type: ignore[arg-type]
-        job_name=str(kw["job_name"]),
-        exclude=exclusions(kw["exclude"]),  # type: ignore[arg-type]
-        supervisor_flags=_supervisor_flags(ctx),
+        command=config.command,
+        run_dir=config.run_dir,
+        nodes=job.nodes,
+        spare_nodes=job.spare_nodes,
+        min_nodes=job.min_nodes,
+        nproc_per_node=config.nproc,
+        partition=job.partition,
+        time=job.time_limit,
+        job_name=job.job_name,
+        exclude=exclusions(list(job.exclude)),
+        supervisor_flags=supervisor_flags,
     )
     path = write_sbatch(spec)
-    if not kw["submit"]:
+    if not job.submit:
         print(f"gpufleet: wrote {path} (not submitted; sbatch {path})", file=sys.stderr)
         return 0
     jobid = submit(path)

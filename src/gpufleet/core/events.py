@@ -124,6 +124,7 @@ class RunStatus(enum.StrEnum):
     MAX_RESTARTS = "max_restarts"
     MAX_ROLLBACKS = "max_rollbacks"
     NODES_LOST = "nodes_lost"  # too few healthy nodes left (multi-node backends)
+    CONFIG_ERROR = "config_error"  # a worker's gpufleet.init() rejected its settings (exit 2, no restart)
 
 
 class RollbackMode(enum.StrEnum):

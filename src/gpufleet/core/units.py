@@ -14,7 +14,7 @@ from typing import Literal
 
 from gpufleet.core.errors import ConfigError
 
-__all__ = ["DURATION_UNITS", "parse_duration", "CheckpointInterval", "parse_interval"]
+__all__ = ["DURATION_UNITS", "INTERVAL_FORMS", "parse_duration", "CheckpointInterval", "parse_interval"]
 
 DURATION_UNITS: dict[str, float] = {
     "us": 1e-6,
@@ -55,7 +55,7 @@ def parse_duration(
 
 
 _STEPS = re.compile(r"^(\d+)\s*(?:steps?)?$")
-_INTERVAL_FORMS = "valid forms: N or Nsteps (every N steps), 90s / 5m / 1h (every so much time), auto"
+INTERVAL_FORMS = "valid forms: N or Nsteps (every N steps), 90s / 5m / 1h (every so much time), auto"
 
 
 @dataclass(frozen=True)
@@ -84,4 +84,4 @@ def parse_interval(spec: str | int) -> CheckpointInterval:
             pass
         else:
             return CheckpointInterval("time", every_s=secs, spec=s)
-    raise ConfigError(f"invalid checkpoint interval {spec!r}: {_INTERVAL_FORMS}")
+    raise ConfigError(f"invalid checkpoint interval {spec!r}: {INTERVAL_FORMS}")

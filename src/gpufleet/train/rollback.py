@@ -10,7 +10,6 @@ every batch from there to ``s`` inclusive, and move the newer checkpoints of the
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 from gpufleet.core import events as E
 from gpufleet.core.ledger import Ledger
+from gpufleet.core.settings import RollbackPlan
 
 __all__ = ["RollbackPlanner", "committed_steps"]
 
@@ -42,11 +42,12 @@ class RollbackPlanner:
         self.window = window
         self.count = 0
         self.seen: dict[int, int] = {}
-        self.skip: list[list[int]] = []
+        self.skip: list[tuple[int, int]] = []
         self.max_step: int | None = None
 
-    def env(self) -> str:
-        return json.dumps({"max_step": self.max_step, "skip": self.skip})
+    def pending(self) -> RollbackPlan:
+        """The plan the next attempt's workers run with (restore bound and skip windows)."""
+        return RollbackPlan(max_step=self.max_step, skip=tuple(self.skip))
 
     def clear_pending(self) -> None:
         self.max_step = None
@@ -77,7 +78,7 @@ class RollbackPlanner:
             dest.mkdir(parents=True, exist_ok=True)
             src = self.ckpt_dir / f"step_{s:08d}"
             shutil.move(str(src), str(dest / f"{src.name}.rollback{self.count}"))
-        self.skip.append([target, spike_step + 1])
+        self.skip.append((target, spike_step + 1))
         self.max_step = target
         ledger.emit(
             E.Rollback(
@@ -94,4 +95,4 @@ class RollbackPlanner:
         return True
 
     def state(self) -> dict[str, Any]:
-        return {"count": self.count, "skip": self.skip}
+        return {"count": self.count, "skip": [list(w) for w in self.skip]}

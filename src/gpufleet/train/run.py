@@ -10,6 +10,7 @@ without an extra collective when ``run.log`` is called.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -17,7 +18,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -26,8 +27,8 @@ from gpufleet.core import events as E
 from gpufleet.core.errors import CheckpointError, ConfigError, GpufleetError
 from gpufleet.core.exitcodes import ExitCode
 from gpufleet.core.ledger import EventSink, Ledger, NullSink, PipeSink, read_events
+from gpufleet.core.settings import Env, RunSettings, read_env
 from gpufleet.train.faults import FaultInjector, faults_from_env
-from gpufleet.train.settings import RunSettings
 from gpufleet.train.spike import SpikeGuard
 from gpufleet.train.statedict import StateMapper
 
@@ -78,7 +79,7 @@ class Run:
             faults_from_env(settings.faults), self.rank, self.sink.emit, settle=self._settle_checkpoint
         )
         self._guard = SpikeGuard(window=settings.spike_window, threshold=settings.spike_threshold)
-        self._skips: list[list[int]] = [list(w) for w in settings.rollback.get("skip", [])]
+        self._skips: list[list[int]] = [list(w) for w in settings.rollback.skip]
         self._engine: Any = None
         self._policy: Any = None
         self._mapper: StateMapper | None = None
@@ -97,7 +98,7 @@ class Run:
         self._progressed = False  # did the current step change the state (for `break`)?
         self._ckpt_obs: dict[str, float] = {}  # latest stall/persist seconds, fed to the interval policy
         signal.signal(signal.SIGUSR1, self._on_stop_signal)
-        spawn_t = float(os.environ.get("GPUFLEET_SPAWN_T", t_init))
+        spawn_t = read_env(Env.SPAWN_T, float, t_init)
         self.sink.emit(E.WorkerReady(attempt=settings.attempt, init_s=round(time.time() - spawn_t, 4)))
 
     # ------------------------------------------------------------------ checkpoint plumbing
@@ -167,7 +168,7 @@ class Run:
             opt.register_step_post_hook(self._after_optimizer_step)
         template = self._mapper.collect()
         template["_gpufleet"] = self._internal_state()
-        max_step = self.settings.rollback.get("max_step")
+        max_step = self.settings.rollback.max_step
         t0 = time.monotonic()
         result = engine.load(template, max_step=max_step)
         if result is None:
@@ -421,5 +422,31 @@ class _ObservingSink:
 
 
 def init(**kwargs: Any) -> Run:
-    """Create the :class:`Run` for this process (see :class:`gpufleet.train.settings.RunSettings` options)."""
-    return Run(RunSettings.load(**kwargs))
+    """Create the :class:`Run` for this process (see :class:`gpufleet.core.settings.RunSettings` options).
+
+    A setting that fails validation raises :class:`ConfigError`; under ``gpufleet run`` the worker
+    instead prints it as one line and exits with ``ExitCode.WORKER_CONFIG``, which ends the run with
+    exit code 2 (a restart would fail the same way).
+    """
+    try:
+        settings = RunSettings.load(**kwargs)
+    except ConfigError as e:
+        if os.environ.get(Env.CONTROL_FD):
+            _exit_config_error(str(e))
+        raise
+    return Run(settings)
+
+
+def _exit_config_error(message: str) -> NoReturn:
+    """Under a supervisor: the message to the supervisor (which prints it once), then exit 78 (no restart)."""
+    rank = os.environ.get("RANK", "0")
+    # A control line like the heartbeat, read by the supervisor's monitor and never written to the
+    # ledger (the settings that would name the run are what failed). Short enough for one atomic write.
+    line = {"ev": "config_error", "t": time.time(), "rank": int(rank) if rank.isdigit() else 0}
+    line["message"] = message[:1000]
+    try:
+        os.write(int(os.environ[Env.CONTROL_FD]), (json.dumps(line) + "\n").encode())
+    except (ValueError, OSError):
+        print(f"gpufleet: error: {message}", file=sys.stderr, flush=True)  # no usable channel
+    sys.stdout.flush()
+    os._exit(ExitCode.WORKER_CONFIG)

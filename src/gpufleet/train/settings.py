@@ -1,98 +1,120 @@
-"""Settings a worker receives: environment (set by the supervisor) over ``init()`` keywords over defaults.
+"""The supervisor's configuration (``gpufleet run``'s flags, typed), validated before anything launches.
 
-The supervisor's CLI flags travel as ``GPUFLEET_*`` variables, so ``gpufleet run --checkpoint-every 50``
-overrides what the script passed to ``gpufleet.init``.
+The worker settings it passes on (``--checkpoint-every``, ``--keep-last``, ``--upload``,
+``--s3-endpoint``, ``--mtbf``) are validated by the workers' own model,
+:class:`gpufleet.core.settings.RunSettings`, layered over this process's environment exactly as a
+worker will see them. So a value a worker would reject fails here, as one line naming the flag.
+
+This lives in ``train/`` beside the supervisor rather than in ``core/settings.py`` because it parses
+fault drills (``train.faults``) and describes a supervisor; ``core`` holds only what every layer may
+read (the variable table and the worker contract).
 """
 
 from __future__ import annotations
 
-import json
-import os
-from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
 from gpufleet.core.errors import ConfigError
+from gpufleet.core.settings import SETTING_FLAG, RunSettings, validation_message
+from gpufleet.train.faults import Fault, parse_faults
 
-__all__ = ["RunSettings", "ENV"]
+__all__ = ["SupervisorConfig", "FLAGS"]
 
-# field name -> environment variable
-ENV = {
-    "run_dir": "GPUFLEET_RUN_DIR",
-    "checkpoint_every": "GPUFLEET_CKPT_EVERY",
-    "checkpoint_dir": "GPUFLEET_CKPT_DIR",
-    "keep_last": "GPUFLEET_KEEP_LAST",
-    "upload_url": "GPUFLEET_UPLOAD",
-    "s3_endpoint": "GPUFLEET_S3_ENDPOINT",
-    "mtbf_s": "GPUFLEET_MTBF",
-    "spike_window": "GPUFLEET_SPIKE_WINDOW",
-    "spike_threshold": "GPUFLEET_SPIKE_THRESHOLD",
-    "overlap_staging": "GPUFLEET_OVERLAP",
+# SupervisorConfig field -> the `gpufleet run` flag that sets it (errors name the flag)
+FLAGS: dict[str, str] = {
+    "nproc": "--nproc-per-node",
+    "run_dir": "--run-dir",
+    "backend": "--backend",
+    "max_restarts": "--max-restarts",
+    "max_no_progress": "--max-no-progress",
+    "max_rollbacks": "--max-rollbacks",
+    "inject": "--inject",
+    "hang_timeout_floor": "--hang-timeout",
+    "init_timeout": "--init-timeout",
+    **SETTING_FLAG,
 }
+_WORKER_FIELDS = ("checkpoint_every", "keep_last", "upload_url", "s3_endpoint", "mtbf_s")
 
 
-@dataclass
-class RunSettings:
-    run_dir: str = "runs/default"
-    checkpoint_every: str = "auto"  # "N" / "Nsteps" / "90s" / "auto" (Young/Daly)
-    checkpoint_dir: str | None = None  # default RUN_DIR/checkpoints
-    keep_last: int = 3
-    upload_url: str | None = None  # s3://bucket/prefix for tiered copies
+class SupervisorConfig(BaseModel):
+    """What ``gpufleet run`` was asked to do. Validates itself: a bad value is a one-line ConfigError."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    command: list[str] = Field(min_length=1)
+    nproc: int = Field(1, ge=1)
+    run_dir: str = Field("runs/default", min_length=1)
+    backend: str = "local"
+    max_restarts: int = Field(10, ge=0)
+    max_no_progress: int = Field(3, ge=0)  # consecutive restarts without a newer committed checkpoint
+    max_rollbacks: int = Field(3, ge=0)
+    inject: list[str] = Field(default_factory=list)
+    hang_timeout_floor: float = Field(60.0, gt=0)
+    init_timeout: float = Field(300.0, gt=0)
+    grace_s: float = Field(5.0, ge=0)
+    final_grace_s: float = Field(120.0, ge=0)
+    # Worker settings passed on as GPUFLEET_* variables (None: the worker's own value stands).
+    checkpoint_every: str | None = None
+    keep_last: int | None = None
+    upload_url: str | None = None
     s3_endpoint: str | None = None
-    mtbf_s: float | None = None  # configured MTBF for `auto` before the ledger has failures
-    spike_window: int = 50
-    spike_threshold: float = 8.0
-    overlap_staging: bool = True  # copy params/optimizer state during the next forward/backward
-    # Set by the supervisor only:
-    control_fd: int | None = None
-    attempt: int = 0
-    session: str | None = None
-    faults: str | None = None
-    rollback: dict[str, Any] = field(default_factory=dict)  # {"max_step": int, "skip": [[a, b], ...]}
+    mtbf_s: float | None = None
+    standby: bool = True
+    progress: bool = False
+    poll_s: float = Field(0.02, gt=0)
+    backend_options: dict[str, Any] = Field(default_factory=dict)  # e.g. srun: nodes, min_nodes
 
-    def __post_init__(self) -> None:
-        if self.keep_last < 1:
-            raise ConfigError("keep_last must be >= 1")
-        if self.spike_window < 3:
-            raise ConfigError("spike_window must be >= 3")
-        if self.mtbf_s is not None and self.mtbf_s <= 0:
-            raise ConfigError("mtbf_s must be > 0")
-        if self.upload_url is not None and not self.upload_url.startswith("s3://"):
-            raise ConfigError(f"upload url must look like s3://bucket/prefix, got {self.upload_url!r}")
+    _faults: list[Fault] = PrivateAttr(default_factory=list)
+    _worker: RunSettings = PrivateAttr()
+
+    def __init__(self, **data: Any) -> None:
+        if not data.get("command"):
+            raise ConfigError("no training command given; usage: gpufleet run [OPTIONS] -- python train.py")
+        try:
+            super().__init__(**data)
+        except ValidationError as e:
+            raise ConfigError(validation_message(e, FLAGS, data)) from None
+
+    @field_validator("checkpoint_every", mode="before")
+    @classmethod
+    def _interval_text(cls, v: Any) -> Any:
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+    @model_validator(mode="after")
+    def _check_workers(self) -> SupervisorConfig:
+        # Both raise ConfigError/UsageError (not ValueError), which pydantic lets through unchanged.
+        self._faults = parse_faults(self.inject)
+        self._worker = RunSettings.for_workers(self.worker_overrides())
+        return self
 
     @property
-    def ckpt_dir(self) -> Path:
-        return Path(self.checkpoint_dir) if self.checkpoint_dir else Path(self.run_dir) / "checkpoints"
+    def faults(self) -> list[Fault]:
+        """The parsed ``--inject`` drills."""
+        return list(self._faults)
 
-    @classmethod
-    def load(cls, **kwargs: Any) -> RunSettings:
-        """Defaults <- ``init()`` keywords <- environment."""
-        known = {f.name: f for f in fields(cls)}
-        for k in kwargs:
-            if k not in known:
-                raise ConfigError(f"unknown gpufleet.init() option {k!r}; valid: {', '.join(ENV)}")
-        values: dict[str, Any] = dict(kwargs)
-        for name, var in ENV.items():
-            raw = os.environ.get(var)
-            if raw is None or raw == "":
-                continue
-            typ = known[name].type
-            try:
-                if name in ("keep_last", "spike_window"):
-                    values[name] = int(raw)
-                elif name in ("mtbf_s", "spike_threshold"):
-                    values[name] = float(raw)
-                elif name == "overlap_staging":
-                    values[name] = raw not in ("0", "false", "no")
-                else:
-                    values[name] = raw
-            except ValueError:
-                raise ConfigError(f"{var}={raw!r} is not a valid {typ}") from None
-        if os.environ.get("GPUFLEET_CONTROL_FD"):
-            values["control_fd"] = int(os.environ["GPUFLEET_CONTROL_FD"])
-        values["attempt"] = int(os.environ.get("GPUFLEET_ATTEMPT", "0"))
-        values["session"] = os.environ.get("GPUFLEET_SESSION")
-        values["faults"] = os.environ.get("GPUFLEET_FAULTS")
-        if os.environ.get("GPUFLEET_ROLLBACK"):
-            values["rollback"] = json.loads(os.environ["GPUFLEET_ROLLBACK"])
-        return cls(**values)
+    @property
+    def worker(self) -> RunSettings:
+        """The settings every worker will start from (before its ``init()`` keywords)."""
+        return self._worker
+
+    def worker_overrides(self) -> dict[str, Any]:
+        """The worker settings this config sets (field -> value)."""
+        return {k: getattr(self, k) for k in _WORKER_FIELDS if getattr(self, k) is not None}
+
+    def worker_env(self) -> dict[str, str]:
+        """``GPUFLEET_*`` variables that carry :meth:`worker_overrides` to the workers."""
+        return RunSettings.to_env(self.worker_overrides())
+
+    def public(self) -> dict[str, Any]:
+        """The config as the ledger's ``run_start`` event records it."""
+        return self.model_dump(mode="json")
