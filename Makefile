@@ -33,8 +33,10 @@ test: install-test
 lint: install-test
 	$(VENV)/bin/ruff check src tests benchmarks
 
+# All benchmarks at the sizes of record (long); or e.g. `make bench BENCH_ARGS="--quick --only P1,P3"`,
+# `make bench BENCH_ARGS=--list`. Results: benchmarks/results/ (--quick: benchmarks/results/quick/).
 bench: install-test
-	$(PY) benchmarks/run_all.py
+	$(PY) benchmarks/run_all.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
