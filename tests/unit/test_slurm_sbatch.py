@@ -112,7 +112,7 @@ def test_srun_argv_and_node_bounds():
     b = SrunBackend(nodes=2, min_nodes=1, nodelist=["n1", "n2", "n3"], python="/py")
     assert b.argv("n2") == [
         "srun", "--nodes=1", "--ntasks=1", "--nodelist=n2", "--overlap", "--kill-on-bad-exit=1",
-        "--job-name=gpufleet-agent-n2", "/py", "-m", "gpufleet.cli.agent",
+        "--job-name=gpufleet-agent-n2", "/py", "-m", "gpufleet.backends.agent",
     ]
     with pytest.raises(ConfigError):
         SrunBackend(nodes=4, nodelist=["n1", "n2"])

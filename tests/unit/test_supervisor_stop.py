@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 
+from gpufleet.backends import CONTINUE
 from gpufleet.core.ledger import read_events
 from gpufleet.train.supervisor import Supervisor, SupervisorConfig
 
@@ -23,9 +24,9 @@ def test_stop_signal_during_failure_handling_starts_no_new_attempt(tmp_path):
     )
     sup = Supervisor(cfg)
 
-    def after_failure(workers, ledger, attempt):  # USR1 arrives while the failure is handled
+    def after_failure(run, ledger):  # USR1 arrives while the failure is handled
         os.kill(os.getpid(), signal.SIGUSR1)
-        return None
+        return CONTINUE
 
     sup.backend.after_failure = after_failure  # type: ignore[attr-defined]
     outcome = sup.run()

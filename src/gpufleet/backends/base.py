@@ -1,19 +1,29 @@
-"""The backend interface: how the supervisor starts and stops one attempt's workers.
+"""The backend interface: the only way the supervisor starts, watches and stops workers.
 
-A backend answers three questions — start these ranks, which of them have exited, stop them — and
-nothing else: restart policy, hang detection and the ledger stay in the supervisor, so Slurm,
-Kubernetes and Ray backends reuse them. Multi-node rendezvous travels in :class:`LaunchSpec`
-(``master_addr``/``master_port``, ``nnodes``/``node_rank``): each node's agent starts its local ranks.
+Two small types, in the manner of submitit's executor and job:
+
+- :class:`Backend` starts an attempt (:meth:`~Backend.start`) and judges a failed one
+  (:meth:`~Backend.after_failure`); :meth:`~Backend.prepare` and :meth:`~Backend.close` bracket it.
+- :class:`Attempt` is what :meth:`Backend.start` hands back: its workers, their exit codes
+  (:meth:`~Attempt.poll`), a final-checkpoint request, a stop, and the channel their events arrive on.
+
+Restart policy, hang detection and the ledger stay in the supervisor, so the Slurm, Kubernetes and
+Ray backends reuse them. A backend implements ``start`` and the four methods of its attempt; the
+rest have defaults. Multi-node rendezvous travels in :class:`LaunchSpec` (``master_addr`` /
+``master_port``, ``nnodes`` / ``node_rank``): each node's agent starts its local ranks.
+``tests/integration/test_backend_conformance.py`` is the contract every backend passes.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, ClassVar
 
-__all__ = ["LaunchSpec", "Worker", "Backend"]
+from gpufleet.core.ledger import EventSink
+
+__all__ = ["LaunchSpec", "Worker", "EventChannel", "Attempt", "Verdict", "CONTINUE", "Backend"]
 
 
 @dataclass
@@ -51,28 +61,101 @@ class LaunchSpec:
         }
 
 
-@dataclass
+@dataclass(frozen=True)
 class Worker:
+    """One thing the supervisor watches: a rank, or (multi-node backends) a node agent with its ranks.
+
+    ``rank`` keys :meth:`Attempt.poll` and is the rank a failure of this worker is blamed on.
+    """
+
     rank: int
-    proc: subprocess.Popen[bytes]
-    control_fd: int  # read end of the worker's event pipe, owned by the supervisor
+    pid: int | None = None
+    ranks: tuple[int, ...] = ()  # every rank behind this worker; empty means just ``rank``
+    node: str | None = None
 
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
+    def __post_init__(self) -> None:
+        if not self.ranks:
+            object.__setattr__(self, "ranks", (self.rank,))
 
 
-class Backend(Protocol):
-    name: str
+class EventChannel(ABC):
+    """Where the workers' events (heartbeats, steps, checkpoints, ...) arrive, already decoded."""
+
+    @abstractmethod
+    def read(self, timeout: float) -> list[dict[str, Any]]:
+        """The events that arrived within ``timeout`` seconds (``[]`` if none), each naming its ``rank``.
+
+        An event is the JSON object a worker's ``PipeSink`` wrote: ``ev``, ``t``, ``rank`` and fields.
+        """
+
+    def close(self) -> None:
+        """Release the channel; later reads return nothing."""
+        return None
+
+
+class Attempt(ABC):
+    """One attempt's workers, as :meth:`Backend.start` started them."""
+
+    spec: LaunchSpec  # as launched: a multi-node backend fills in ``nnodes`` and ``master_addr``
+    workers: list[Worker]
+    events: EventChannel
+
+    @abstractmethod
+    def poll(self) -> dict[int, int | None]:
+        """Exit code per worker (by :attr:`Worker.rank`): None while it runs, -N if signal N killed it."""
+
+    @abstractmethod
+    def request_final_checkpoint(self) -> None:
+        """Ask every live worker to checkpoint at its next step boundary and exit 0 (SIGUSR1 today)."""
+
+    @abstractmethod
+    def stop(self, grace_s: float) -> None:
+        """Stop every worker and what it started: politely (SIGTERM), by force after ``grace_s``.
+
+        When it returns, :meth:`poll` reports no worker as running.
+        """
+
+    def close(self) -> None:
+        """Release what the attempt holds once it is over (the event channel)."""
+        self.events.close()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A backend's word after a failed attempt: restart (on what is left), or give up and say why."""
+
+    restart: bool = True
+    reason: str = ""
+
+
+CONTINUE = Verdict()
+
+
+class Backend(ABC):
+    """Where worker processes run. Implement :meth:`start` (and an :class:`Attempt`); the rest is optional."""
+
+    name: ClassVar[str]
 
     def prepare(self, spec: LaunchSpec) -> None:
-        """Optional warm-up before a failure happens (e.g. pre-spawn standby interpreters)."""
+        """Warm up for the next attempt before a failure happens (e.g. pre-spawn standby interpreters).
 
-    def start(self, spec: LaunchSpec) -> list[Worker]:
-        """Start this node's ranks for one attempt."""
+        Called before each attempt starts and again once the running attempt is healthy.
+        """
+        return None
 
-    def stop(self, workers: list[Worker], grace_s: float) -> None:
-        """SIGTERM the workers (and their children), SIGKILL what is left after ``grace_s``."""
+    @abstractmethod
+    def start(self, spec: LaunchSpec) -> Attempt:
+        """Start the ranks of one attempt (all nodes' for a multi-node backend)."""
+
+    def after_failure(self, attempt: Attempt, ledger: EventSink) -> Verdict:
+        """Judge a failed, stopped attempt: may the supervisor restart?
+
+        The default: nothing was lost that a restart needs, so restart (the supervisor's own breakers
+        still apply). A multi-node backend finds lost nodes here, isolates them, records them in
+        ``ledger``, and gives up when too few remain.
+        """
+        return CONTINUE
 
     def close(self) -> None:
         """Release anything prepared but unused."""
+        return None

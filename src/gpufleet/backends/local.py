@@ -10,7 +10,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from gpufleet.backends.base import LaunchSpec, Worker
+from gpufleet.backends.base import Backend, LaunchSpec, Worker
+from gpufleet.backends.process import ProcessAttempt, send_signal
 
 __all__ = ["LocalBackend", "python_entry"]
 
@@ -37,7 +38,9 @@ class _Standby:
     write_fd: int
 
 
-class LocalBackend:
+class LocalBackend(Backend):
+    """Ranks are child processes of this process: fresh, or standby interpreters made ready earlier."""
+
     name = "local"
 
     def __init__(self, standby: bool = True, python: str | None = None) -> None:
@@ -61,9 +64,9 @@ class LocalBackend:
             )
             self._standbys.append(_Standby(proc, r, w))
 
-    def start(self, spec: LaunchSpec) -> list[Worker]:
+    def start(self, spec: LaunchSpec) -> ProcessAttempt:
         entry = python_entry(spec.command)
-        workers = []
+        started: list[tuple[Worker, subprocess.Popen[bytes], int]] = []
         for local_rank in range(spec.nproc_per_node):
             env = {**spec.env, **spec.rank_env(local_rank)}
             rank = int(env["RANK"])
@@ -80,7 +83,7 @@ class LocalBackend:
                 sb.proc.stdin.flush()
                 sb.proc.stdin.close()
                 os.close(sb.write_fd)
-                workers.append(Worker(rank, sb.proc, sb.read_fd))
+                started.append((Worker(rank, sb.proc.pid), sb.proc, sb.read_fd))
                 continue
             r, w = os.pipe()
             full_env = {
@@ -104,28 +107,14 @@ class LocalBackend:
                 if out:
                     out.close()
             os.close(w)
-            workers.append(Worker(rank, proc, r))
-        return workers
-
-    def stop(self, workers: list[Worker], grace_s: float) -> None:
-        for w in workers:
-            _signal_group(w.proc, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for w in workers:
-            try:
-                w.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for w in workers:
-            _signal_group(w.proc, signal.SIGKILL)  # also reaps children left in the group
-            if w.proc.poll() is None:
-                w.proc.wait()
+            started.append((Worker(rank, proc.pid), proc, r))
+        return ProcessAttempt(spec, started, group=True)
 
     def close(self) -> None:
         for sb in self._standbys:
             if sb.proc.stdin is not None:
                 sb.proc.stdin.close()  # EOF: the standby exits by itself
-            _signal_group(sb.proc, signal.SIGTERM)
+            send_signal(sb.proc, signal.SIGTERM, group=True)
             sb.proc.wait()
             os.close(sb.read_fd)
             os.close(sb.write_fd)
@@ -147,9 +136,3 @@ def _prepare_log(path: str | None) -> str | None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
     return path
 
-
-def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -1,4 +1,4 @@
-"""``gpufleet run --backend slurm``: write a readable sbatch script and submit it.
+"""``gpufleet run --backend slurm``: write a readable sbatch script and submit it (:func:`submit_batch`).
 
 The script runs the same supervisor inside the allocation with the srun backend (one agent per node,
 see :mod:`gpufleet.backends.srun`). Choices, each for a reason:
@@ -23,14 +23,15 @@ import re
 import shlex
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gpufleet.backends.srun import REQUEUE_MARK
 from gpufleet.core.errors import ConfigError, UsageError
 
 __all__ = [
-    "SbatchSpec", "render_sbatch", "time_limit_s", "write_sbatch", "submit", "exclusions", "parse_jobid",
+    "SbatchSpec", "Submission", "submit_batch", "render_sbatch", "time_limit_s", "write_sbatch", "submit",
+    "exclusions", "parse_jobid",
 ]
 
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
@@ -72,6 +73,19 @@ class SbatchSpec:
     @property
     def script_path(self) -> Path:
         return Path(self.run_dir) / "job.sbatch"
+
+
+@dataclass(frozen=True)
+class Submission:
+    script: Path
+    job_id: str | None  # None: written only (dry run)
+
+
+def submit_batch(spec: SbatchSpec, dry_run: bool = False, fleet: str | None = None) -> Submission:
+    """Keep the job off the nodes to avoid (:func:`exclusions`), write its script, and submit it."""
+    spec = replace(spec, exclude=exclusions(spec.exclude, fleet))
+    path = write_sbatch(spec)
+    return Submission(path, None if dry_run else submit(path))
 
 
 def time_limit_s(value: str) -> int:

@@ -1,9 +1,12 @@
 """The srun backend: the supervisor inside a Slurm allocation starts one agent per node with srun.
 
-Per attempt, one ``srun --nodes=1 --ntasks=1 --nodelist=NODE --overlap python -m gpufleet.cli.agent``
-per active node. Each srun's stdout is that node's control channel (the agent relays its ranks'
-event lines; each line names its rank). One srun per node rather than one for all: a node's failure
-shows up at once as *its* srun exiting, and the others keep clean exit codes to tell crash from loss.
+Per attempt, one ``srun --nodes=1 --ntasks=1 --nodelist=NODE --overlap python -m gpufleet.backends.agent``
+per active node (:mod:`gpufleet.backends.agent`). Each srun's stdout is that node's control channel
+(the agent relays its ranks' event lines; each line names its rank). One srun per node rather than
+one for all: a node's failure shows up at once as *its* srun exiting, and the others keep clean exit
+codes to tell crash from loss.
+A node's exit code is its failed rank's own (from the agent's exit report), so a rank killed by a
+signal reads as such, as with the local backend.
 
 After a failure, :meth:`SrunBackend.after_failure` decides which nodes were lost: those whose agent
 wrote no exit report *and* that fail a short srun probe (a live slurmd answers in well under a
@@ -19,27 +22,22 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
-from gpufleet.backends.base import LaunchSpec, Worker
+from gpufleet.backends.agent import exit_report
+from gpufleet.backends.base import CONTINUE, Attempt, Backend, LaunchSpec, Verdict, Worker
+from gpufleet.backends.process import ProcessAttempt
 from gpufleet.core.errors import ConfigError
-from gpufleet.core.ledger import Ledger
+from gpufleet.core.ledger import EventSink
 
-__all__ = ["SrunBackend", "NodeWorker", "hostnames", "node_addr", "REQUEUE_MARK"]
+__all__ = ["SrunBackend", "SrunAttempt", "hostnames", "node_addr", "REQUEUE_MARK"]
 
 REQUEUE_MARK = ".gpufleet-requeue"
 NODE_LOST = "node_lost"  # ledger event: node, attempt, reason
-
-
-@dataclass
-class NodeWorker(Worker):
-    ranks: list[int] | None = None
-    node: str | None = None
 
 
 def _slurm(argv: list[str], timeout: float = 15.0) -> str:
@@ -61,7 +59,33 @@ def node_addr(node: str) -> str:
     return node
 
 
-class SrunBackend:
+class SrunAttempt(ProcessAttempt):
+    """One srun (one node agent) per worker; srun forwards SIGUSR1/SIGTERM to the agent."""
+
+    def __init__(
+        self,
+        spec: LaunchSpec,
+        started: list[tuple[Worker, subprocess.Popen[bytes], int]],
+        run_dir: Path,
+        agent_grace_s: float,
+    ) -> None:
+        super().__init__(spec, started, group=False, stop_extra_s=agent_grace_s)
+        self.run_dir = run_dir
+        self._codes: dict[int, int] = {}
+
+    def poll(self) -> dict[int, int | None]:
+        out: dict[int, int | None] = {}
+        for w in self.workers:
+            code = self.procs[w.rank].poll()
+            if code is not None and w.rank not in self._codes:
+                report = exit_report(self.run_dir, self.spec.attempt, w.node or "")
+                own = report.get("worker_code") if report else None
+                self._codes[w.rank] = own if isinstance(own, int) and code != 0 else code
+            out[w.rank] = None if code is None else self._codes[w.rank]
+        return out
+
+
+class SrunBackend(Backend):
     name = "srun"
 
     def __init__(
@@ -95,23 +119,18 @@ class SrunBackend:
         self.probe_timeout = probe_timeout
         self.agent_grace_s = agent_grace_s
         self._run_dir: Path | None = None
-        self._attempt = 0
 
     # -- Backend hooks ---------------------------------------------------------------------------
-    def prepare(self, spec: LaunchSpec) -> None:
-        return None
-
-    def start(self, spec: LaunchSpec) -> list[Worker]:
+    def start(self, spec: LaunchSpec) -> SrunAttempt:
         self.active = self.healthy[: self.want]
         spec.nnodes = len(self.active)
         spec.master_addr = node_addr(self.active[0])
-        self._run_dir = Path(spec.env["GPUFLEET_RUN_DIR"])
-        self._attempt = spec.attempt
+        run_dir = self._run_dir = Path(spec.env["GPUFLEET_RUN_DIR"])
         if spec.log_dir is None:
-            spec.log_dir = str(self._run_dir / "logs")
+            spec.log_dir = str(run_dir / "logs")
         log_dir = Path(spec.log_dir) / f"attempt-{spec.attempt}"
         log_dir.mkdir(parents=True, exist_ok=True)
-        workers: list[Worker] = []
+        started: list[tuple[Worker, subprocess.Popen[bytes], int]] = []
         for i, node in enumerate(self.active):
             sub = replace(spec, node_rank=i)
             env = {
@@ -132,9 +151,9 @@ class SrunBackend:
                 )
             os.close(w)
             first = i * spec.nproc_per_node
-            ranks = list(range(first, first + spec.nproc_per_node))
-            workers.append(NodeWorker(first, proc, r, ranks=ranks, node=node))
-        return workers
+            ranks = tuple(range(first, first + spec.nproc_per_node))
+            started.append((Worker(first, proc.pid, ranks=ranks, node=node), proc, r))
+        return SrunAttempt(spec, started, run_dir, self.agent_grace_s)
 
     def argv(self, node: str) -> list[str]:
         return [
@@ -147,26 +166,8 @@ class SrunBackend:
             f"--job-name=gpufleet-agent-{node}",
             self.python,
             "-m",
-            "gpufleet.cli.agent",
+            "gpufleet.backends.agent",
         ]
-
-    def stop(self, workers: list[Worker], grace_s: float) -> None:
-        """SIGTERM each srun (it forwards to the agent, which stops its ranks); SIGKILL what is left."""
-        for w in workers:
-            _signal(w.proc, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s + self.agent_grace_s
-        for w in workers:
-            try:
-                w.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for w in workers:
-            if w.proc.poll() is None:
-                _signal(w.proc, signal.SIGKILL)
-                w.proc.wait()
-
-    def close(self) -> None:
-        return None
 
     # -- node loss -------------------------------------------------------------------------------
     def probe(self, node: str) -> bool:
@@ -180,34 +181,30 @@ class SrunBackend:
             return False
         return p.returncode == 0
 
-    def after_failure(self, workers: list[Worker], ledger: Ledger, attempt: int) -> str | None:
-        """Isolate lost nodes; None to restart on the healthy ones, else why the job must requeue."""
-        from gpufleet.cli.agent import report_dir
-
-        rdir = report_dir(self._run_dir or ".", attempt)
-        silent = [
-            str(getattr(w, "node", ""))
-            for w in workers
-            if getattr(w, "node", None) and not (rdir / f"{getattr(w, 'node', '')}.exit.json").exists()
-        ]
+    def after_failure(self, attempt: Attempt, ledger: EventSink) -> Verdict:
+        """Isolate lost nodes; restart on the healthy ones, or give up so the job requeues."""
+        run_dir = self._run_dir or Path(".")
+        number = attempt.spec.attempt
+        silent = [w.node for w in attempt.workers if w.node and exit_report(run_dir, number, w.node) is None]
         lost = [n for n in silent if not self.probe(n)]
         for node in lost:
-            reason = f"agent vanished in attempt {attempt} and srun probe failed"
+            reason = f"agent vanished in attempt {number} and srun probe failed"
             job = os.environ.get("SLURM_JOB_ID")
-            ledger.emit(NODE_LOST, node=node, attempt=attempt, reason=reason, job=job)
+            ledger.emit(NODE_LOST, node=node, attempt=number, reason=reason, job=job)
             self._isolate(node, reason, ledger)
             self.healthy.remove(node)
             self.lost.append(node)
         if len(self.healthy) >= self.min_nodes:
-            return None
+            return CONTINUE
         if self._run_dir is not None:
             (self._run_dir / REQUEUE_MARK).write_text(json.dumps({"lost": self.lost, "t": time.time()}))
-        return (
-            f"{len(self.healthy)} healthy node(s) left of {len(self.all_nodes)}, need {self.min_nodes}: "
-            f"requeue without {','.join(self.lost)}"
+        return Verdict(
+            restart=False,
+            reason=f"{len(self.healthy)} healthy node(s) left of {len(self.all_nodes)}, "
+            f"need {self.min_nodes}: requeue without {','.join(self.lost)}",
         )
 
-    def _isolate(self, node: str, reason: str, ledger: Ledger) -> None:
+    def _isolate(self, node: str, reason: str, ledger: EventSink) -> None:
         from gpufleet.health.nodes import record_state
         from gpufleet.health.slurm import SlurmActions, SlurmError
 
@@ -217,10 +214,3 @@ class SrunBackend:
         except SlurmError as e:
             ledger.emit("slurm_action_failed", node=node, action="drain", error=str(e))
             print(f"gpufleet: could not drain {node}: {e}", file=sys.stderr)
-
-
-def _signal(proc: subprocess.Popen[bytes], sig: int) -> None:
-    try:
-        proc.send_signal(sig)
-    except ProcessLookupError:
-        pass

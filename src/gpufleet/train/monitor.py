@@ -1,17 +1,14 @@
-"""Reads worker pipes and turns them into heartbeats, progress and relayed ledger events."""
+"""Reads an attempt's event channel and turns it into heartbeats, progress and relayed ledger events."""
 
 from __future__ import annotations
 
-import json
-import os
-import selectors
 import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufleet.backends.base import Worker
+from gpufleet.backends.base import Attempt
 from gpufleet.core import events as E
 from gpufleet.core.ledger import Ledger
 
@@ -23,7 +20,7 @@ _ALL_RANKS = {E.WORKER_READY, E.INJECT}
 
 @dataclass
 class AttemptMonitor:
-    workers: list[Worker]
+    run: Attempt  # the backend's handle on the attempt: its workers and their event channel
     ledger: Ledger
     attempt: int
     hang_floor_s: float
@@ -41,60 +38,20 @@ class AttemptMonitor:
     spike_t: float | None = None  # wall time the loss guard fired (the failure's true start)
     fired: list[dict[str, Any]] = field(default_factory=list)
     committed_step: int = -1
-    config_error: str | None = None  # a worker's gpufleet.init() rejected its settings: the message
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=200))
     started: float = field(default_factory=time.monotonic)
 
-    def __post_init__(self) -> None:
-        self._sel = selectors.DefaultSelector()
-        self._buf: dict[int, bytes] = {}
-        for w in self.workers:
-            os.set_blocking(w.control_fd, False)
-            self._sel.register(w.control_fd, selectors.EVENT_READ, w.rank)
-            self._buf[w.control_fd] = b""
-
-    def close(self) -> None:
-        for w in self.workers:
-            try:
-                self._sel.unregister(w.control_fd)
-            except (KeyError, ValueError):
-                pass
-            try:
-                os.close(w.control_fd)
-            except OSError:
-                pass
-        self._sel.close()
-
     def pump(self, timeout: float) -> None:
-        """Read whatever the workers sent within ``timeout`` seconds."""
-        for key, _ in self._sel.select(timeout):
-            fd = key.fd
-            try:
-                chunk = os.read(fd, 1 << 16)
-            except BlockingIOError:
-                continue
-            if not chunk:  # writer closed (worker exited); drop a torn last line
-                self._sel.unregister(fd)
-                self._buf[fd] = b""
-                continue
-            data = self._buf[fd] + chunk
-            *lines, self._buf[fd] = data.split(b"\n")
-            for line in lines:
-                self._handle(key.data, line)
+        """Take in whatever the workers sent within ``timeout`` seconds."""
+        for rec in self.run.events.read(timeout):
+            self._handle(rec)
 
     @property
     def expected_ranks(self) -> list[int]:
-        return [r for w in self.workers for r in _ranks(w)]
+        return [r for w in self.run.workers for r in w.ranks]
 
-    def _handle(self, channel_rank: int, line: bytes) -> None:
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            return
-        if not isinstance(rec, dict):
-            return
-        # A node agent's channel carries several ranks: each line names its rank (PipeSink adds it).
-        rank = int(rec.get("rank", channel_rank))
+    def _handle(self, rec: dict[str, Any]) -> None:
+        rank = int(rec["rank"])  # the channel names it (a node agent's carries several ranks)
         ev = rec.get("ev")
         now = time.monotonic()
         if ev == "hb":
@@ -104,9 +61,6 @@ class AttemptMonitor:
             self.hb_step[rank] = int(rec.get("step", -1))
             if rec.get("total") is not None:
                 self.total = rec["total"]
-            return
-        if ev == "config_error":  # the worker's last words before exit 78; not a ledger event
-            self.config_error = self.config_error or str(rec.get("message", ""))
             return
         if ev == E.WORKER_READY:
             self.ready.add(rank)
@@ -149,15 +103,15 @@ class AttemptMonitor:
         )
         return max(self.hang_floor_s, self.hang_multiplier * tail)
 
-    def hung_rank(self) -> tuple[int, float] | None:
+    def hung_rank(self, codes: dict[int, int | None]) -> tuple[int, float] | None:
         """If any live rank is silent past its timeout: the rank to blame and when it was last heard from.
 
         Peers of a hung rank block in the next collective, so they fall silent too. The culprit is the
         rank furthest behind: lowest heartbeat step, then not waiting in a collective ("sync"), then
-        silent longest.
+        silent longest. ``codes``: the attempt's :meth:`~gpufleet.backends.base.Attempt.poll`.
         """
         now = time.monotonic()
-        live = [r for w in self.workers if w.proc.poll() is None for r in _ranks(w)]
+        live = [r for w in self.run.workers if codes.get(w.rank) is None for r in w.ranks]
         if not any(now - self.last_hb.get(r, self.started) > self.hang_timeout(r) for r in live):
             return None
 
@@ -172,8 +126,3 @@ class AttemptMonitor:
         last = self.last_hb.get(culprit, self.started)
         return culprit, self.last_hb_wall.get(culprit, time.time() - (now - last))
 
-
-def _ranks(w: Worker) -> list[int]:
-    """The ranks behind one channel: a node agent's worker (``ranks``) carries several."""
-    ranks = getattr(w, "ranks", None)
-    return list(ranks) if ranks else [w.rank]

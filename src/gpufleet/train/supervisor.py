@@ -11,22 +11,63 @@ import os
 import signal
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufleet.backends import LaunchSpec, get_backend
+from gpufleet.backends import Attempt, LaunchSpec, get_backend
 from gpufleet.core import events as E
+from gpufleet.core.errors import ConfigError
 from gpufleet.core.exitcodes import ExitCode
 from gpufleet.core.ledger import Ledger
 from gpufleet.core.ports import free_port
-from gpufleet.core.settings import Env
-from gpufleet.train.faults import faults_to_env
+from gpufleet.train.faults import Fault, faults_to_env, parse_faults
 from gpufleet.train.monitor import AttemptMonitor
 from gpufleet.train.rollback import RollbackPlanner
-from gpufleet.train.settings import SupervisorConfig
+from gpufleet.train.settings import ENV
 
 __all__ = ["SupervisorConfig", "Supervisor", "Outcome"]
+
+
+@dataclass
+class SupervisorConfig:
+    command: list[str]
+    nproc: int = 1
+    run_dir: str = "runs/default"
+    backend: str = "local"
+    max_restarts: int = 10
+    max_no_progress: int = 3  # consecutive restarts without a newer committed checkpoint
+    max_rollbacks: int = 3
+    inject: list[str] = field(default_factory=list)
+    hang_timeout_floor: float = 60.0
+    init_timeout: float = 300.0
+    grace_s: float = 5.0
+    final_grace_s: float = 120.0
+    checkpoint_every: str | None = None
+    keep_last: int | None = None
+    upload_url: str | None = None
+    s3_endpoint: str | None = None
+    mtbf_s: float | None = None
+    standby: bool = True
+    progress: bool = False
+    poll_s: float = 0.02
+    backend_options: dict[str, Any] = field(default_factory=dict)  # e.g. srun: nodes, min_nodes
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise ConfigError("no training command given (put it after --)")
+        if self.nproc < 1:
+            raise ConfigError("--nproc-per-node must be >= 1")
+        for name in ("max_restarts", "max_no_progress", "max_rollbacks"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name.replace('_', '-')} must be >= 0")
+        if self.hang_timeout_floor <= 0 or self.init_timeout <= 0 or self.grace_s < 0:
+            raise ConfigError("timeouts must be positive")
+        if self.checkpoint_every is not None:
+            from gpufleet.reliability.interval import IntervalPolicy
+
+            IntervalPolicy.parse(self.checkpoint_every)  # fail fast, one line, before any worker starts
+        self.faults: list[Fault] = parse_faults(self.inject)
 
 
 @dataclass
@@ -35,12 +76,11 @@ class Outcome:
     exit_code: int
     restarts: int
     run_dir: str
-    detail: str = ""  # config_error: the worker's message
 
 
 @dataclass
 class _Failure:
-    cause: str  # crash | hang | spike | config (not restarted)
+    cause: str  # crash | hang | spike
     rank: int
     exit_code: int | None = None
     signal: int | None = None
@@ -57,7 +97,9 @@ class Supervisor:
         self.backend = get_backend(config.backend, standby=config.standby, **config.backend_options)
         self._stop_signals = 0
         self.faults = list(config.faults)
-        self.rollback = RollbackPlanner(self.run_dir, window=config.worker.spike_window)
+        self.rollback = RollbackPlanner(
+            self.run_dir, window=int(os.environ.get("GPUFLEET_SPIKE_WINDOW", "50"))
+        )
 
     # ------------------------------------------------------------------ public
     def run(self) -> Outcome:
@@ -78,7 +120,7 @@ class Supervisor:
                 nproc=self.cfg.nproc,
                 backend=self.cfg.backend,
                 command=self.cfg.command,
-                config=self.cfg.public(),
+                config=_public_config(self.cfg),
             )
             outcome = self._loop(ledger, view)
             ledger.emit(
@@ -99,12 +141,15 @@ class Supervisor:
 
     def _spec(self, attempt: int) -> LaunchSpec:
         env = {
-            **self.cfg.worker_env(),  # the worker settings set by flags (validated with the config)
-            Env.RUN_DIR: str(self.run_dir.resolve()),
-            Env.SESSION: self.session,
-            Env.FAULTS: faults_to_env(self.faults),
-            Env.ROLLBACK: self.rollback.pending().to_env(),
+            "GPUFLEET_RUN_DIR": str(self.run_dir.resolve()),
+            "GPUFLEET_SESSION": self.session,
+            "GPUFLEET_FAULTS": faults_to_env(self.faults),
+            "GPUFLEET_ROLLBACK": self.rollback.env(),
         }
+        for name, var in ENV.items():
+            value = getattr(self.cfg, name, None)
+            if value is not None and name != "run_dir":
+                env[var] = str(value)
         # With the live view on, worker output would tear it apart: send it to per-rank log files.
         log_dir = str(self.run_dir / "logs") if self.cfg.progress else None
         return LaunchSpec(
@@ -125,28 +170,24 @@ class Supervisor:
         while True:
             spec = self._spec(attempt)
             self.backend.prepare(spec)
-            workers = self.backend.start(spec)  # a multi-node backend sets spec.nnodes for this attempt
-            nodes = [w.node for w in workers if getattr(w, "node", None)]
+            run = self.backend.start(spec)  # a multi-node backend sets run.spec.nnodes for this attempt
+            nodes = [w.node for w in run.workers if w.node]
             ledger.emit(
                 E.ATTEMPT_START,
                 attempt=attempt,
-                world_size=spec.world_size,
-                pids=[w.pid for w in workers],
+                world_size=run.spec.world_size,
+                pids=[w.pid for w in run.workers],
                 **({"nodes": nodes} if nodes else {}),
             )
-            mon = AttemptMonitor(workers, ledger, attempt, self.cfg.hang_timeout_floor, self.cfg.init_timeout)
+            mon = AttemptMonitor(run, ledger, attempt, self.cfg.hang_timeout_floor, self.cfg.init_timeout)
             try:
-                result = self._watch(mon, spec, view, restarts)
+                result = self._watch(run, mon, view, restarts)
             finally:
-                mon.close()
+                run.close()
             best_committed = max(best_committed, mon.committed_step)
             if isinstance(result, str):  # completed / interrupted
                 return Outcome(result, ExitCode.OK, restarts, str(self.run_dir))
             failure = result
-            if failure.cause == "config":  # a restart would fail the same way: end the run, exit 2
-                self.backend.stop(workers, self.cfg.grace_s)
-                ledger.emit(E.GIVE_UP, reason=f"configuration error: {failure.detail}")
-                return Outcome("config_error", ExitCode.USAGE, restarts, str(self.run_dir), failure.detail)
             ledger.emit(
                 E.FAILURE,
                 cause=failure.cause,
@@ -166,16 +207,14 @@ class Supervisor:
                 detect_s=round(max(0.0, time.time() - (failure.happened_t or time.time())), 4),
             )
             t0 = time.monotonic()
-            self.backend.stop(workers, self.cfg.grace_s)
+            run.stop(self.cfg.grace_s)
             ledger.emit(E.TEARDOWN, attempt=attempt, teardown_s=round(time.monotonic() - t0, 4))
             self._drop_fired(mon.fired)
             # Multi-node backends: find lost nodes, isolate them, and say whether enough remain.
-            after_failure = getattr(self.backend, "after_failure", None)
-            if after_failure is not None:
-                verdict = after_failure(workers, ledger, attempt)
-                if verdict is not None:
-                    ledger.emit(E.GIVE_UP, reason=verdict)
-                    return Outcome("nodes_lost", ExitCode.FAILED, restarts, str(self.run_dir))
+            verdict = self.backend.after_failure(run, ledger)
+            if not verdict.restart:
+                ledger.emit(E.GIVE_UP, reason=verdict.reason)
+                return Outcome("nodes_lost", ExitCode.FAILED, restarts, str(self.run_dir))
             if self._stop_signals:
                 # Asked to stop (SIGTERM, or Slurm's time-limit USR1) while no attempt was running:
                 # the newest checkpoint is all there is to keep. A new attempt would only be signalled
@@ -213,7 +252,7 @@ class Supervisor:
         done = {int(r["fault_id"]) for r in fired if not r.get("persist")}
         self.faults = [f for f in self.faults if f.id not in done]
 
-    def _watch(self, mon: AttemptMonitor, spec: LaunchSpec, view: Any, restarts: int) -> str | _Failure:
+    def _watch(self, run: Attempt, mon: AttemptMonitor, view: Any, restarts: int) -> str | _Failure:
         standby_ready = False
         stopping_since: float | None = None
         while True:
@@ -225,14 +264,12 @@ class Supervisor:
                 # Warm the next attempt's interpreters as early as possible, but never while this
                 # attempt is recovering (restore and first step are part of MTTR): their
                 # `import torch` would compete with it for CPU.
-                self.backend.prepare(spec)
+                self.backend.prepare(run.spec)
                 standby_ready = True
-            codes = {w.rank: w.proc.poll() for w in mon.workers}
+            codes = run.poll()
             if self._stop_signals and stopping_since is None:
                 stopping_since = time.monotonic()
-                for w in mon.workers:
-                    if codes[w.rank] is None:
-                        os.kill(w.pid, signal.SIGUSR1)  # final checkpoint at the next step boundary
+                run.request_final_checkpoint()  # at the next step boundary
             if all(c is not None for c in codes.values()):
                 mon.pump(0)  # drain the last events
                 if stopping_since is not None:
@@ -241,18 +278,15 @@ class Supervisor:
                     return "completed"
             if stopping_since is not None:
                 if self._stop_signals > 1 or time.monotonic() - stopping_since > self.cfg.final_grace_s:
-                    self.backend.stop(mon.workers, self.cfg.grace_s)
+                    run.stop(self.cfg.grace_s)
                     return "interrupted"
                 continue
-            for w in mon.workers:
+            for w in run.workers:
                 c = codes[w.rank]
                 if c is None or c == 0:
                     continue
                 mon.pump(0.05)  # the worker's last words (inject / rollback events)
-                node = getattr(w, "node", None)
-                if c == ExitCode.WORKER_CONFIG:  # gpufleet.init() rejected its settings: terminal
-                    msg = mon.config_error or f"rank {w.rank} rejected its settings (see its stderr)"
-                    return _Failure("config", w.rank, exit_code=c, detail=msg, node=node)
+                node = w.node
                 if c == ExitCode.WORKER_SPIKE:
                     return _Failure(
                         "spike",
@@ -273,7 +307,7 @@ class Supervisor:
                     detail=detail,
                     node=node,
                 )
-            hung = mon.hung_rank()
+            hung = mon.hung_rank(codes)
             if hung is not None:
                 rank, last_wall = hung
                 return _Failure(
@@ -282,3 +316,9 @@ class Supervisor:
                     happened_t=last_wall,
                     detail=f"no heartbeat for {time.time() - last_wall:.1f}s at step {mon.step}",
                 )
+
+
+def _public_config(cfg: SupervisorConfig) -> dict[str, Any]:
+    d = asdict(cfg)
+    d.pop("faults", None)
+    return d
