@@ -38,6 +38,7 @@ class AttemptMonitor:
     spike_t: float | None = None  # wall time the loss guard fired (the failure's true start)
     fired: list[dict[str, Any]] = field(default_factory=list)
     committed_step: int = -1
+    config_error: str | None = None  # a worker's gpufleet.init() rejected its settings: the message
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=200))
     started: float = field(default_factory=time.monotonic)
 
@@ -61,6 +62,9 @@ class AttemptMonitor:
             self.hb_step[rank] = int(rec.get("step", -1))
             if rec.get("total") is not None:
                 self.total = rec["total"]
+            return
+        if ev == "config_error":  # the worker's last words before exit 78; not a ledger event
+            self.config_error = self.config_error or str(rec.get("message", ""))
             return
         if ev == E.WORKER_READY:
             self.ready.add(rank)

@@ -7,67 +7,25 @@ restart. Every decision is a ledger event; ``gpufleet report`` derives MTBF/MTTR
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpufleet.backends import Attempt, LaunchSpec, get_backend
 from gpufleet.core import events as E
-from gpufleet.core.errors import ConfigError
 from gpufleet.core.exitcodes import ExitCode
 from gpufleet.core.ledger import Ledger
 from gpufleet.core.ports import free_port
-from gpufleet.train.faults import Fault, faults_to_env, parse_faults
+from gpufleet.core.settings import Env
+from gpufleet.train.faults import faults_to_env
 from gpufleet.train.monitor import AttemptMonitor
 from gpufleet.train.rollback import RollbackPlanner
-from gpufleet.train.settings import ENV
+from gpufleet.train.settings import SupervisorConfig
 
 __all__ = ["SupervisorConfig", "Supervisor", "Outcome"]
-
-
-@dataclass
-class SupervisorConfig:
-    command: list[str]
-    nproc: int = 1
-    run_dir: str = "runs/default"
-    backend: str = "local"
-    max_restarts: int = 10
-    max_no_progress: int = 3  # consecutive restarts without a newer committed checkpoint
-    max_rollbacks: int = 3
-    inject: list[str] = field(default_factory=list)
-    hang_timeout_floor: float = 60.0
-    init_timeout: float = 300.0
-    grace_s: float = 5.0
-    final_grace_s: float = 120.0
-    checkpoint_every: str | None = None
-    keep_last: int | None = None
-    upload_url: str | None = None
-    s3_endpoint: str | None = None
-    mtbf_s: float | None = None
-    standby: bool = True
-    progress: bool = False
-    poll_s: float = 0.02
-    backend_options: dict[str, Any] = field(default_factory=dict)  # e.g. srun: nodes, min_nodes
-
-    def __post_init__(self) -> None:
-        if not self.command:
-            raise ConfigError("no training command given (put it after --)")
-        if self.nproc < 1:
-            raise ConfigError("--nproc-per-node must be >= 1")
-        for name in ("max_restarts", "max_no_progress", "max_rollbacks"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name.replace('_', '-')} must be >= 0")
-        if self.hang_timeout_floor <= 0 or self.init_timeout <= 0 or self.grace_s < 0:
-            raise ConfigError("timeouts must be positive")
-        if self.checkpoint_every is not None:
-            from gpufleet.reliability.interval import IntervalPolicy
-
-            IntervalPolicy.parse(self.checkpoint_every)  # fail fast, one line, before any worker starts
-        self.faults: list[Fault] = parse_faults(self.inject)
 
 
 @dataclass
@@ -76,11 +34,12 @@ class Outcome:
     exit_code: int
     restarts: int
     run_dir: str
+    detail: str = ""  # config_error: the worker's message
 
 
 @dataclass
 class _Failure:
-    cause: str  # crash | hang | spike
+    cause: str  # crash | hang | spike | config (not restarted)
     rank: int
     exit_code: int | None = None
     signal: int | None = None
@@ -97,9 +56,7 @@ class Supervisor:
         self.backend = get_backend(config.backend, standby=config.standby, **config.backend_options)
         self._stop_signals = 0
         self.faults = list(config.faults)
-        self.rollback = RollbackPlanner(
-            self.run_dir, window=int(os.environ.get("GPUFLEET_SPIKE_WINDOW", "50"))
-        )
+        self.rollback = RollbackPlanner(self.run_dir, window=config.worker.spike_window)
 
     # ------------------------------------------------------------------ public
     def run(self) -> Outcome:
@@ -120,7 +77,7 @@ class Supervisor:
                 nproc=self.cfg.nproc,
                 backend=self.cfg.backend,
                 command=self.cfg.command,
-                config=_public_config(self.cfg),
+                config=self.cfg.public(),
             )
             outcome = self._loop(ledger, view)
             ledger.emit(
@@ -141,15 +98,12 @@ class Supervisor:
 
     def _spec(self, attempt: int) -> LaunchSpec:
         env = {
-            "GPUFLEET_RUN_DIR": str(self.run_dir.resolve()),
-            "GPUFLEET_SESSION": self.session,
-            "GPUFLEET_FAULTS": faults_to_env(self.faults),
-            "GPUFLEET_ROLLBACK": self.rollback.env(),
+            **self.cfg.worker_env(),  # the worker settings set by flags (validated with the config)
+            Env.RUN_DIR: str(self.run_dir.resolve()),
+            Env.SESSION: self.session,
+            Env.FAULTS: faults_to_env(self.faults),
+            Env.ROLLBACK: self.rollback.pending().to_env(),
         }
-        for name, var in ENV.items():
-            value = getattr(self.cfg, name, None)
-            if value is not None and name != "run_dir":
-                env[var] = str(value)
         # With the live view on, worker output would tear it apart: send it to per-rank log files.
         log_dir = str(self.run_dir / "logs") if self.cfg.progress else None
         return LaunchSpec(
@@ -188,6 +142,10 @@ class Supervisor:
             if isinstance(result, str):  # completed / interrupted
                 return Outcome(result, ExitCode.OK, restarts, str(self.run_dir))
             failure = result
+            if failure.cause == "config":  # a restart would fail the same way: end the run, exit 2
+                run.stop(self.cfg.grace_s)
+                ledger.emit(E.GIVE_UP, reason=f"configuration error: {failure.detail}")
+                return Outcome("config_error", ExitCode.USAGE, restarts, str(self.run_dir), failure.detail)
             ledger.emit(
                 E.FAILURE,
                 cause=failure.cause,
@@ -287,6 +245,9 @@ class Supervisor:
                     continue
                 mon.pump(0.05)  # the worker's last words (inject / rollback events)
                 node = w.node
+                if c == ExitCode.WORKER_CONFIG:  # gpufleet.init() rejected its settings: terminal
+                    msg = mon.config_error or f"rank {w.rank} rejected its settings (see its stderr)"
+                    return _Failure("config", w.rank, exit_code=c, detail=msg, node=node)
                 if c == ExitCode.WORKER_SPIKE:
                     return _Failure(
                         "spike",
@@ -316,9 +277,3 @@ class Supervisor:
                     happened_t=last_wall,
                     detail=f"no heartbeat for {time.time() - last_wall:.1f}s at step {mon.step}",
                 )
-
-
-def _public_config(cfg: SupervisorConfig) -> dict[str, Any]:
-    d = asdict(cfg)
-    d.pop("faults", None)
-    return d
