@@ -106,7 +106,7 @@ def test_sessions_span_and_roll_back_earlier_session(tmp_path: Path) -> None:
     b = LedgerBuilder(t0=0.0)
     b.start(init_s=1.0).steps(4).checkpoint(stall_s=0.0).steps(3)  # commit @4, steps 4-6 unsaved
     b.fail("hang", detect_s=5.0, teardown_s=2.0)
-    b.end("failed", exit_code=1, after_s=0.0)  # no recovery in this session
+    b.end("max_restarts", exit_code=4, after_s=0.0)  # no recovery in this session
     wall1 = b.t - 0.0
     b.new_session("s2", gap_s=500.0)
     s2_start = b.t
@@ -133,7 +133,7 @@ def test_secondary_failure_same_attempt_not_counted() -> None:
     b = LedgerBuilder(t0=0.0)
     b.start().steps(3)
     b.fail("crash", detect_s=0.1, teardown_s=0.0)
-    b.emit("failure", cause="worker_exit", rank=0, exit_code=1)  # the other rank, same incident
+    b.emit("failure", cause="crash", rank=0, exit_code=1, attempt=0)  # the other rank, same incident
     b.wait(1.0).emit("teardown", attempt=0, teardown_s=1.0)
     b.recover().steps(2).end()
     s = metrics.summarize(b.events)
@@ -153,20 +153,40 @@ def test_hang_happened_from_detect_s_without_happened_t() -> None:
     assert inc["mttr_s"] == pytest.approx(30.0 + 1.0 + 1.0)
 
 
-def test_in_process_rollback_without_restart() -> None:
+def spike_replay_then_skip() -> LedgerBuilder:
+    """Steps 0-1, commit @2, steps 2-5; the loss spikes at step 6 (attempt 0): replay from @2, steps
+    2-5 again, the spike recurs at 6 (attempt 1): roll back to @2 and skip [2, 7); attempt 2 restores
+    @2, skips to 7 and runs steps 7-9."""
     b = LedgerBuilder(t0=0.0)
     b.start().steps(2).checkpoint(stall_s=0.0).steps(4)
-    b.emit("rollback", rank=0, from_step=5, to_step=2, reason="spike")
-    b.wait(0.5).emit("restore", rank=0, step=2, load_s=0.5, source="local", fresh=False)
-    b.next_step = 2
-    b.steps(4).end()
-    b.emit("rollback", rank=0, skipped_from=3, skipped_to=4, reason="skip window")
-    b.emit("rollback", rank=0, from_step=5, reason="nan")  # a rank's spike report: not a decision
+    b.fail("spike", detect_s=0.0, teardown_s=0.5, rank=0).recover(init_s=1.0, load_s=0.5, rollback="replay")
+    b.steps(4)
+    b.fail("spike", detect_s=0.0, teardown_s=0.5, rank=0).recover(init_s=1.0, load_s=0.5, rollback="skip")
+    return b.steps(3).end()
+
+
+def test_spike_rollbacks_and_skipped_window_as_emitted() -> None:
+    b = spike_replay_then_skip()
+    kinds = [e["ev"] for e in b.events]
+    assert kinds.count("spike") == 2 and kinds.count("rollback") == 2 and kinds.count("skip") == 1
+    (skip,) = [e for e in b.events if e["ev"] == "skip"]
+    assert (skip["skipped_from"], skip["skipped_to"]) == (2, 7)  # what rank 0 emits: no `rollback`
     s = metrics.summarize(b.events)
-    assert s["failures"]["count"] == 0 and s["rollbacks"] == 1 and s["skipped_windows"] == 1
-    assert s["badput"]["recompute"]["s"] == pytest.approx(4.0)
-    assert s["badput"]["load"]["s"] == pytest.approx(0.5)
-    assert s["steps"]["productive"] == 6
+    assert s["failures"] == {"count": 2, "by_cause": {"spike": 2}, "unrecovered": 0}
+    assert s["rollbacks"] == 2 and s["skipped_windows"] == 1 and s["skipped_steps"] == 5
+    assert s["steps"]["productive"] == 5  # 0-1 and 7-9: the skipped batches never ran
+    assert s["steps"]["rolled_back"] == 8  # 2-5, twice
+    assert s["badput"]["recompute"]["s"] == pytest.approx(8.0)
+    assert s["badput"]["load"]["s"] == pytest.approx(1.0)
+
+
+def test_a_window_skipped_again_counts_once() -> None:
+    b = spike_replay_then_skip()
+    b.new_session("s2").start(load_s=0.5)  # resumes @2 again: the same window is skipped again
+    b.steps(1).end()
+    assert [e["ev"] for e in b.events].count("skip") == 2
+    s = metrics.summarize(b.events)
+    assert s["skipped_windows"] == 1 and s["skipped_steps"] == 5
 
 
 def test_mtbf_history(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from gpufleet.core import events as E
 from gpufleet.reliability.walk import Walk, _f, walk
 
 __all__ = [
@@ -34,7 +35,7 @@ SCHEMA = "gpufleet.report/1"
 BADPUT_CATEGORIES = ("ckpt_stall", "detect", "teardown", "spawn_init", "load", "recompute", "idle")
 PHASES = ("detect", "teardown", "spawn_init", "load", "first_step")
 
-Events = Iterable[dict[str, Any]]
+Events = Iterable[dict[str, Any] | E.Event]  # raw ledger records or typed events
 
 
 def _walk(events: Events | Walk) -> Walk:
@@ -102,7 +103,7 @@ def badput(events: Events | Walk) -> dict[str, float]:
 
 def failures_by_cause(events: Events | Walk) -> dict[str, int]:
     """Counted failures (secondary failures of an already-failed attempt excluded) per cause."""
-    return dict(Counter(str(f.get("cause", "unknown")) for f in _walk(events).failures))
+    return dict(Counter(str(f.cause) for f in _walk(events).failures))
 
 
 def mtbf(events: Events | Walk) -> tuple[float | None, float, int]:
@@ -137,27 +138,28 @@ def mttr(events: Events | Walk) -> dict[str, Any]:
 def checkpoint_stats(events: Events | Walk) -> dict[str, Any]:
     """Counts, stall / persist / upload time distributions and sizes of checkpoints."""
     w = _walk(events)
-    committed = w.events("ckpt_committed")
-    staged = w.events("ckpt_staged")
-    uploaded = w.events("ckpt_uploaded")
-    sizes = [_f(e.get("bytes")) for e in committed if e.get("bytes") is not None]
+    committed = w.events(E.CkptCommitted)
+    staged = w.events(E.CkptStaged)
+    uploaded = w.events(E.CkptUploaded)
+    failed = w.events(E.CkptFailed)
+    sizes = [e.bytes for e in committed]
     return {
         "staged": len(staged),
         "committed": len(committed),
-        "failed": len(w.events("ckpt_failed")),
-        "skipped": len(w.events("ckpt_skipped")),
+        "failed": len(failed),
+        "skipped": len(w.events(E.CkptSkipped)),
         "uploaded": len(uploaded),
-        "verified": len(w.events("ckpt_verified")),
-        "deleted": len(w.events("ckpt_deleted")),
-        "restore_rejected": len(w.events("restore_rejected")),
-        "stall_s": _dist([_f(e.get("stall_s")) for e in staged]),
-        "stage_s": _dist([_f(e.get("stage_s")) for e in staged if e.get("stage_s") is not None]),
-        "persist_s": _dist([_f(e.get("persist_s")) for e in committed]),
-        "upload_s": _dist([_f(e.get("upload_s")) for e in uploaded]),
-        "bytes_last": int(sizes[-1]) if sizes else None,
-        "bytes_committed_total": int(sum(sizes)),
-        "last_committed_step": max((int(_f(e.get("step"))) for e in committed), default=None),
-        "failures": [{"step": e.get("step"), "reason": e.get("reason")} for e in w.events("ckpt_failed")],
+        "verified": len(w.events(E.CkptVerified)),
+        "deleted": len(w.events(E.CkptDeleted)),
+        "restore_rejected": len(w.events(E.RestoreRejected)),
+        "stall_s": _dist([_f(e.stall_s) for e in staged]),
+        "stage_s": _dist([_f(e.stage_s) for e in staged]),
+        "persist_s": _dist([_f(e.persist_s) for e in committed]),
+        "upload_s": _dist([_f(e.upload_s) for e in uploaded]),
+        "bytes_last": sizes[-1] if sizes else None,
+        "bytes_committed_total": sum(sizes),
+        "last_committed_step": max((e.step for e in committed), default=None),
+        "failures": [{"step": e.step, "reason": e.reason} for e in failed],
     }
 
 
@@ -174,11 +176,14 @@ _INTERVAL_KEYS = (
 
 
 def interval_decisions(events: Events | Walk) -> list[dict[str, Any]]:
-    """Every ``interval`` event (t, step, and the decision's fields)."""
+    """Every ``interval`` event (t, step, and the decision's fields that are set)."""
     out = []
-    for e in _walk(events).events("interval"):
-        d: dict[str, Any] = {"t": e.get("t"), "step": e.get("step")}
-        d.update({k: e.get(k) for k in _INTERVAL_KEYS if k in e})
+    for e in _walk(events).events(E.Interval):
+        d: dict[str, Any] = {"t": e.t, "step": e.step}
+        for k in _INTERVAL_KEYS:
+            v = getattr(e, k)
+            if v is not None:
+                d[k] = str(v) if k == "policy" else v
         out.append(d)
     return out
 
@@ -226,7 +231,7 @@ def summarize(events: Events, run_dir: str | None = None) -> dict[str, Any]:
     bp = badput(w)
     m, uptime, nfail = mtbf(w)
     done = [x for x in w.steps if not x.wasted]
-    ready = [_f(e.get("init_s")) for e in w.worker_ready if e.get("init_s") is not None]
+    ready = [_f(e.init_s) for e in w.worker_ready]
     return {
         "schema": SCHEMA,
         "run_dir": run_dir,
@@ -265,7 +270,8 @@ def summarize(events: Events, run_dir: str | None = None) -> dict[str, Any]:
         "incidents": [_incident_dict(i) for i in w.incidents],
         "restarts": sum(s.restarts for s in w.sessions),
         "rollbacks": len(w.rollbacks),
-        "skipped_windows": len(w.skips),
+        "skipped_windows": len(w.skipped_windows),
+        "skipped_steps": sum(b - a for a, b in w.skipped_windows),
         "restores": len(w.restores),
         "worker_init_s": _dist(ready),
         "checkpoints": checkpoint_stats(w),

@@ -8,21 +8,19 @@ cut out), with a dashed line where each new session starts.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from gpufleet.reliability.metrics import BADPUT_CATEGORIES, badput
+from gpufleet.core import events as E
+from gpufleet.reliability.metrics import BADPUT_CATEGORIES, Events, badput
 from gpufleet.reliability.walk import walk
 
 __all__ = ["plot_timeline", "CAUSE_COLORS"]
 
 CAUSE_COLORS = {
-    "crash": "#d62728",
-    "hang": "#ff7f0e",
-    "spike": "#9467bd",
-    "nan": "#e377c2",
-    "worker_exit": "#8c564b",
+    E.FailureCause.CRASH: "#d62728",
+    E.FailureCause.HANG: "#ff7f0e",
+    E.FailureCause.SPIKE: "#9467bd",
 }
 _BADPUT_COLORS = {
     "productive": "#2ca02c",
@@ -37,7 +35,7 @@ _BADPUT_COLORS = {
 _ATTEMPT_COLORS = ("#1f77b4", "#2ca02c", "#17becf", "#8c564b", "#7f7f7f", "#bcbd22")
 
 
-def plot_timeline(events: Iterable[dict[str, Any]], path: str | os.PathLike[str], title: str = "") -> Path:
+def plot_timeline(events: Events, path: str | os.PathLike[str], title: str = "") -> Path:
     """Draw the timeline of ``events`` into the PNG ``path``; returns the path."""
     import matplotlib
 
@@ -116,24 +114,23 @@ def plot_timeline(events: Iterable[dict[str, Any]], path: str | os.PathLike[str]
                 si = s.index
         return si
 
-    cx = [(float(e["t"]), int(e.get("step", 0))) for e in w.events("ckpt_committed")]
+    cx = [(e.t, e.step) for e in w.events(E.CkptCommitted)]
     if cx:
         ax.plot([x(t, session_at(t)) for t, _ in cx], [s for _, s in cx], ls="none", marker="v", ms=7,
                 color="#2ca02c", markeredgecolor="k", mew=0.5, zorder=5)  # fmt: skip
-    fx = [float(e["t"]) for e in w.events("ckpt_failed")]
+    fx = [e.t for e in w.events(E.CkptFailed)]
     if fx:
         ax.plot(
             [x(t, session_at(t)) for t in fx], [0] * len(fx), ls="none", marker="X", ms=8, color="#d62728"
         )
-    rx = [(float(e["t"]), int(e.get("step", 0))) for e in w.restores]
+    rx = [(e.t, e.step) for e in w.restores]
     if rx:
         ax.plot([x(t, session_at(t)) for t, _ in rx], [s for _, s in rx], ls="none", marker="o", ms=7,
                 mfc="white", color="#1f77b4", mew=1.5, zorder=5)  # fmt: skip
     for s in w.sessions[1:]:
         ax.axvline(x(s.start, s.index), color="k", ls="--", lw=1)
-    for e in w.events("restart"):
-        t = float(e["t"])
-        ax.axvline(x(t, session_at(t)), color="#555555", ls=":", lw=1)
+    for e in w.events(E.Restart):
+        ax.axvline(x(e.t, session_at(e.t)), color="#555555", ls=":", lw=1)
 
     ax.set_xlim(0, max(acc, 1e-9))
     ax.set_ylim(0, ymax * 1.08 + 1)

@@ -1,5 +1,9 @@
 """Replays a ledger into sessions, step executions and failure incidents (pure functions, no I/O).
 
+Raw records are typed first (:func:`gpufleet.core.events.parse_event`, lenient): a line this
+version cannot type (an unknown kind from a newer writer, or fields that do not fit) is skipped, and
+the walk dispatches on the event classes.
+
 The rules (the formulas built on them are in docs/reliability.md):
 
 * A **session** starts at each ``run_start``; events before the first one (a standalone run) form
@@ -14,6 +18,9 @@ The rules (the formulas built on them are in docs/reliability.md):
   *secondary* if they come from the same attempt (one incident, e.g. the other ranks' exits);
   failures of a later attempt during the recovery are counted but extend the same incident.
   An incident still open when its session ends is unrecovered.
+* A **rollback** is the supervisor's ``rollback`` decision; a **skipped window** is a ``skip``
+  event rank 0 emits when it jumps over the batch window a ``skip`` rollback decided. The same window
+  skipped again (after a later restart from before it) counts once.
 * Incident time points: happened (``happened_t``, else ``t − detected.detect_s``, else ``t``) →
   detected (failure ``t``) → teardown end (last ``teardown`` ``t``) → load start (``restore.t −
   load_s``) → restored (``restore.t``) → first step (its ``t``). MTTR and its phases are the
@@ -22,15 +29,19 @@ The rules (the formulas built on them are in docs/reliability.md):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["StepExec", "Incident", "Session", "Walk", "walk"]
+from gpufleet.core import events as E
+
+__all__ = ["StepExec", "Incident", "Session", "Walk", "walk", "typed"]
+
+_Ev = TypeVar("_Ev", bound=E.Event)
 
 
 def _f(x: Any, default: float = 0.0) -> float:
-    """A finite float from an event field, or ``default``."""
+    """A finite float, or ``default`` (None, NaN and infinities from a garbled ledger)."""
     if isinstance(x, bool) or not isinstance(x, int | float):
         return default
     v = float(x)
@@ -111,7 +122,7 @@ class Session:
     id: str | None
     start: float
     end: float
-    status: str | None = None
+    status: str | None = None  # a RunStatus (a plain str when a newer writer used a value unknown here)
     exit_code: int | None = None
     attempts: int = 0
     restarts: int = 0
@@ -128,23 +139,39 @@ class Walk:
     sessions: list[Session] = field(default_factory=list)
     steps: list[StepExec] = field(default_factory=list)
     incidents: list[Incident] = field(default_factory=list)
-    failures: list[dict[str, Any]] = field(default_factory=list)  # counted failure events
-    restores: list[dict[str, Any]] = field(default_factory=list)
-    rollbacks: list[dict[str, Any]] = field(default_factory=list)  # rollback decisions (to_step)
-    skips: list[dict[str, Any]] = field(default_factory=list)  # skipped batch windows
-    worker_ready: list[dict[str, Any]] = field(default_factory=list)
-    by_ev: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    failures: list[E.Failure] = field(default_factory=list)  # counted failures (secondary ones excluded)
+    restores: list[E.Restore] = field(default_factory=list)
+    rollbacks: list[E.Rollback] = field(default_factory=list)  # the supervisor's rollback decisions
+    skips: list[E.Skip] = field(default_factory=list)  # every skip event (a window may repeat)
+    worker_ready: list[E.WorkerReady] = field(default_factory=list)
+    by_kind: dict[type[E.Event], list[E.Event]] = field(default_factory=dict)
     load_s: float = 0.0  # every restore's load_s
 
-    def events(self, ev: str) -> list[dict[str, Any]]:
-        return self.by_ev.get(ev, [])
+    def events(self, kind: type[_Ev]) -> list[_Ev]:
+        """Every event of one class, in walk order (time order within each session)."""
+        return self.by_kind.get(kind, [])  # type: ignore[return-value]
+
+    @property
+    def skipped_windows(self) -> list[tuple[int, int]]:
+        """Distinct skipped batch windows [from, to), in the order first skipped."""
+        return list(dict.fromkeys((s.skipped_from, s.skipped_to) for s in self.skips))
 
 
-def _split_sessions(events: Iterable[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    groups: list[list[dict[str, Any]]] = []
-    cur: list[dict[str, Any]] = []
+def typed(events: Iterable[Mapping[str, Any] | E.Event]) -> list[E.Event]:
+    """Events typed (raw records parsed leniently), without the ones this version cannot type."""
+    out = []
     for e in events:
-        if e.get("ev") == "run_start" and cur:
+        ev = e if isinstance(e, E.Event) else E.parse_event(e)
+        if not isinstance(ev, E.UnknownEvent) and ev.t == ev.t:
+            out.append(ev)
+    return out
+
+
+def _split_sessions(events: list[E.Event]) -> list[list[E.Event]]:
+    groups: list[list[E.Event]] = []
+    cur: list[E.Event] = []
+    for e in events:
+        if isinstance(e, E.RunStart) and cur:
             groups.append(cur)
             cur = []
         cur.append(e)
@@ -166,15 +193,13 @@ class _Walker:
                 inc.lost_steps += 1
                 inc.recompute_s += ex.work
 
-    def session(self, si: int, evs: list[dict[str, Any]]) -> None:
-        evs = sorted(evs, key=lambda e: _f(e.get("t")))
-        ts = [_f(e.get("t")) for e in evs]
+    def session(self, si: int, evs: list[E.Event]) -> None:
+        evs = sorted(evs, key=lambda e: e.t)
         first = evs[0]
-        start = ts[0]
-        if first.get("ev") != "run_start":  # standalone: the first step began before its event
-            starts = [_f(e.get("t")) - _f(e.get("dt")) for e in evs if e.get("ev") == "step"]
-            start = min([start, *starts])
-        sess = Session(index=si, id=first.get("session"), start=start, end=max(ts))
+        start = evs[0].t
+        if not isinstance(first, E.RunStart):  # standalone: the first step began before its event
+            start = min([start, *(e.t - _f(e.dt) for e in evs if isinstance(e, E.Step))])
+        sess = Session(index=si, id=first.session, start=start, end=evs[-1].t)
         self.w.sessions.append(sess)
         attempt = 0
         attempt_origin = start  # where the current attempt's spawn/init began
@@ -182,101 +207,92 @@ class _Walker:
         attempt_load_start: float | None = None
         inc: Incident | None = None
         for e in evs:
-            ev = str(e.get("ev"))
-            t = _f(e.get("t"))
-            self.w.by_ev.setdefault(ev, []).append(e)
-            if ev == "attempt_start":
-                attempt = int(_f(e.get("attempt"), attempt + 1))
-                sess.attempts += 1
-                attempt_has_step, attempt_load_start = False, None
-                if inc is None:
-                    attempt_origin = start if sess.attempts == 1 else t
-            elif ev == "worker_ready":
-                self.w.worker_ready.append(e)
-            elif ev == "restart":
-                sess.restarts += 1
-            elif ev == "failure":
-                if inc is not None and inc.attempt == attempt:
-                    inc.secondary += 1
-                    continue
-                self.w.failures.append(e)
-                if inc is not None:
-                    inc.failures += 1
-                    continue
-                happened = e.get("happened_t")
-                rank, step = e.get("rank"), e.get("step")
-                inc = Incident(
-                    cause=str(e.get("cause", "unknown")),
-                    session=si,
-                    attempt=attempt,
-                    rank=int(rank) if isinstance(rank, int) else None,
-                    step=int(step) if isinstance(step, int) else None,
-                    t_happen=_f(happened, t) if happened is not None else t,
-                    t_detect=t,
-                )
-                inc.t_happen = min(inc.t_happen, t)
-                self.w.incidents.append(inc)
-            elif ev == "detected":
-                if inc is not None and inc.detect_s is None and inc.t_first_step is None:
-                    inc.detect_s = max(_f(e.get("detect_s")), 0.0)
-                    if inc.t_happen == inc.t_detect:
-                        inc.t_happen = inc.t_detect - inc.detect_s
-            elif ev == "teardown":
-                if inc is not None:
-                    inc.t_teardown_end = t
-            elif ev == "restore":
-                self.w.restores.append(e)
-                load = max(_f(e.get("load_s")), 0.0)
-                self.w.load_s += load
-                k = int(_f(e.get("step"), 0))
-                self.roll_back(k, inc)
-                if inc is not None:
-                    inc.t_load_start, inc.t_restore, inc.restore_step = t - load, t, k
-                elif not attempt_has_step:
-                    sess.startup_load_s += load
-                    if attempt_load_start is None:
-                        attempt_load_start = t - load
-            elif ev == "rollback":
-                # The supervisor's decision carries to_step; a rank's spike report (from_step only)
-                # and a skipped batch window (skipped_from/skipped_to) are kept apart.
-                if "to_step" in e:
+            t = e.t
+            self.w.by_kind.setdefault(type(e), []).append(e)
+            match e:
+                case E.AttemptStart():
+                    attempt = e.attempt if e.attempt is not None else attempt + 1
+                    sess.attempts += 1
+                    attempt_has_step, attempt_load_start = False, None
+                    if inc is None:
+                        attempt_origin = start if sess.attempts == 1 else t
+                case E.WorkerReady():
+                    self.w.worker_ready.append(e)
+                case E.Restart():
+                    sess.restarts += 1
+                case E.Failure():
+                    if inc is not None and inc.attempt == attempt:
+                        inc.secondary += 1
+                        continue
+                    self.w.failures.append(e)
+                    if inc is not None:
+                        inc.failures += 1
+                        continue
+                    inc = Incident(
+                        cause=str(e.cause),
+                        session=si,
+                        attempt=attempt,
+                        rank=e.rank,
+                        step=e.step,
+                        t_happen=min(_f(e.happened_t, t), t),
+                        t_detect=t,
+                    )
+                    self.w.incidents.append(inc)
+                case E.Detected():
+                    if inc is not None and inc.detect_s is None and inc.t_first_step is None:
+                        inc.detect_s = max(_f(e.detect_s), 0.0)
+                        if inc.t_happen == inc.t_detect:
+                            inc.t_happen = inc.t_detect - inc.detect_s
+                case E.Teardown():
+                    if inc is not None:
+                        inc.t_teardown_end = t
+                case E.Restore():
+                    self.w.restores.append(e)
+                    load = max(_f(e.load_s), 0.0)
+                    self.w.load_s += load
+                    self.roll_back(e.step, inc)
+                    if inc is not None:
+                        inc.t_load_start, inc.t_restore, inc.restore_step = t - load, t, e.step
+                    elif not attempt_has_step:
+                        sess.startup_load_s += load
+                        if attempt_load_start is None:
+                            attempt_load_start = t - load
+                case E.Rollback():
                     self.w.rollbacks.append(e)
-                elif "skipped_from" in e:
+                case E.Skip():
                     self.w.skips.append(e)
-            elif ev == "step":
-                ex = StepExec(
-                    step=int(_f(e.get("step"), -1)),
-                    t=t,
-                    dt=max(_f(e.get("dt")), 0.0),
-                    stall=max(_f(e.get("stall")), 0.0),
-                    session=si,
-                    attempt=int(e["attempt"]) if isinstance(e.get("attempt"), int) else attempt,
-                )
-                prev = self.live.get(ex.step)
-                if prev is not None:
-                    self.roll_back(ex.step, inc)
-                self.live[ex.step] = ex
-                self.w.steps.append(ex)
-                if inc is not None and (inc.t_restore is not None or attempt != inc.attempt):
-                    if inc.t_restore is None:
-                        inc.t_load_start = inc.t_restore = max(ex.start, inc.t_detect)
-                    inc.t_first_step = t
-                    inc = None
-                elif inc is None and not attempt_has_step:
-                    origin_end = attempt_load_start if attempt_load_start is not None else ex.start
-                    sess.spawn_init_s += max(origin_end - attempt_origin, 0.0)
-                attempt_has_step = True
-            elif ev == "run_end":
-                sess.status = e.get("status")
-                code = e.get("exit_code")
-                sess.exit_code = int(code) if isinstance(code, int) else None
+                case E.Step():
+                    ex = StepExec(
+                        step=e.step,
+                        t=t,
+                        dt=max(_f(e.dt), 0.0),
+                        stall=max(_f(e.stall), 0.0),
+                        session=si,
+                        attempt=e.attempt if e.attempt is not None else attempt,
+                    )
+                    if ex.step in self.live:
+                        self.roll_back(ex.step, inc)
+                    self.live[ex.step] = ex
+                    self.w.steps.append(ex)
+                    if inc is not None and (inc.t_restore is not None or attempt != inc.attempt):
+                        if inc.t_restore is None:
+                            inc.t_load_start = inc.t_restore = max(ex.start, inc.t_detect)
+                        inc.t_first_step = t
+                        inc = None
+                    elif inc is None and not attempt_has_step:
+                        origin_end = attempt_load_start if attempt_load_start is not None else ex.start
+                        sess.spawn_init_s += max(origin_end - attempt_origin, 0.0)
+                    attempt_has_step = True
+                case E.RunEnd():
+                    sess.status = str(e.status)
+                    sess.exit_code = e.exit_code
         if inc is not None:
             inc.t_end = sess.end
 
 
-def walk(events: Iterable[dict[str, Any]]) -> Walk:
-    """Replay ledger events (file order) into a :class:`Walk`."""
+def walk(events: Iterable[Mapping[str, Any] | E.Event]) -> Walk:
+    """Replay ledger events (file order; raw records or typed events) into a :class:`Walk`."""
     w = _Walker()
-    for si, evs in enumerate(_split_sessions(events)):
+    for si, evs in enumerate(_split_sessions(typed(events))):
         w.session(si, evs)
     return w.w
