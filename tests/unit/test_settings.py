@@ -7,9 +7,10 @@ import math
 import pytest
 from pydantic import ValidationError
 
+from gpufleet.core.env import Env, read_env
 from gpufleet.core.errors import ConfigError, UsageError
 from gpufleet.core.exitcodes import ExitCode
-from gpufleet.core.settings import SETTING_ENV, Env, RollbackPlan, RunSettings, read_env
+from gpufleet.core.settings import SETTING_ENV, RollbackPlan, RunSettings
 from gpufleet.core.units import parse_duration, parse_interval
 from gpufleet.train.settings import SupervisorConfig
 

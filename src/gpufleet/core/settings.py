@@ -1,8 +1,8 @@
 """Settings: every ``GPUFLEET_*`` environment variable, and the worker contract (:class:`RunSettings`).
 
-One prefix, one table. :class:`Env` names every variable gpufleet reads; code elsewhere reads them
-through :func:`read_env` (a bad value is a one-line ConfigError naming the variable), never by a
-string literal of its own.
+One prefix, one table: :class:`gpufleet.core.env.Env` names every variable gpufleet reads (it lives in
+a module without pydantic, so light code such as the CLI can use it); code reads them through
+:func:`~gpufleet.core.env.read_env` or the models here, never by a string literal of its own.
 
 :class:`RunSettings` is what a training worker runs with. Its values come from, lowest first:
 defaults <- ``gpufleet.init(**kw)`` <- environment. The supervisor's flags travel to workers as
@@ -20,15 +20,14 @@ the flag or variable the value came from. That is a 20-line loader over one tabl
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Callable, Mapping
-from enum import StrEnum
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from gpufleet.core.env import Env, read_env
 from gpufleet.core.errors import ConfigError
 from gpufleet.core.units import INTERVAL_FORMS, parse_interval
 
@@ -41,64 +40,6 @@ __all__ = [
     "SETTING_FLAG",
     "validation_message",
 ]
-
-T = TypeVar("T")
-
-
-class Env(StrEnum):
-    """Every ``GPUFLEET_*`` variable gpufleet reads (test-only ``GPUFLEET_TEST_*`` live in tests/)."""
-
-    # Worker settings (RunSettings); the supervisor sets them from its flags.
-    RUN_DIR = "GPUFLEET_RUN_DIR"
-    CKPT_EVERY = "GPUFLEET_CKPT_EVERY"
-    CKPT_DIR = "GPUFLEET_CKPT_DIR"
-    KEEP_LAST = "GPUFLEET_KEEP_LAST"
-    UPLOAD = "GPUFLEET_UPLOAD"
-    S3_ENDPOINT = "GPUFLEET_S3_ENDPOINT"
-    MTBF = "GPUFLEET_MTBF"
-    SPIKE_WINDOW = "GPUFLEET_SPIKE_WINDOW"
-    SPIKE_THRESHOLD = "GPUFLEET_SPIKE_THRESHOLD"
-    OVERLAP = "GPUFLEET_OVERLAP"
-    # Supervisor -> worker plumbing (set by the supervisor and its backends, never by users).
-    CONTROL_FD = "GPUFLEET_CONTROL_FD"
-    ATTEMPT = "GPUFLEET_ATTEMPT"
-    SESSION = "GPUFLEET_SESSION"
-    FAULTS = "GPUFLEET_FAULTS"
-    ROLLBACK = "GPUFLEET_ROLLBACK"
-    SPAWN_T = "GPUFLEET_SPAWN_T"
-    AGENT_SPEC = "GPUFLEET_AGENT_SPEC"
-    AGENT_GRACE = "GPUFLEET_AGENT_GRACE"
-    # Health (docs/health.md).
-    FLEET_DIR = "GPUFLEET_FLEET_DIR"
-    NODE = "GPUFLEET_NODE"
-    LEMON_FAILURES = "GPUFLEET_LEMON_FAILURES"
-    LEMON_WINDOW_DAYS = "GPUFLEET_LEMON_WINDOW_DAYS"
-    BREAKER_FRACTION = "GPUFLEET_BREAKER_FRACTION"
-    BREAKER_WINDOW_S = "GPUFLEET_BREAKER_WINDOW_S"
-    NVML_MODULE = "GPUFLEET_NVML_MODULE"
-    FAKE_NVML = "GPUFLEET_FAKE_NVML"
-    KERNEL_LOG = "GPUFLEET_KERNEL_LOG"
-    CLOCK_FILE = "GPUFLEET_CLOCK_FILE"
-    HEALTH_PATHS = "GPUFLEET_HEALTH_PATHS"
-    HEALTH_INJECT_SLOW = "GPUFLEET_HEALTH_INJECT_SLOW"
-    # Serving.
-    CACHE_DIR = "GPUFLEET_CACHE_DIR"
-    SERVE_LOOP = "GPUFLEET_SERVE_LOOP"
-
-
-def read_env(var: Env, cast: Callable[[str], T], default: T, env: Mapping[str, str] | None = None) -> T:
-    """``cast(value)`` of variable ``var`` (unset or empty: ``default``); a bad value is a ConfigError."""
-    raw = (os.environ if env is None else env).get(var, "")
-    if raw == "":
-        return default
-    try:
-        value = cast(raw)
-    except ValueError:
-        kind = getattr(cast, "__name__", "value")
-        raise ConfigError(f"{var.value}={raw!r} is not a valid {kind}") from None
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"{var.value}={raw!r} must be finite")
-    return value
 
 
 class RollbackPlan(BaseModel):

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.core import events as E
+from gpufleet.core.env import Env, read_env
 from gpufleet.core.errors import UsageError
 from gpufleet.core.events import NODE_STATE
 from gpufleet.core.ledger import Ledger, read_events
@@ -71,7 +72,7 @@ def fleet_dir(fleet: str | os.PathLike[str] | None = None) -> Path:
     """The fleet state directory: ``fleet``, else ``$GPUFLEET_FLEET_DIR``, else ``./.gpufleet/fleet``."""
     if fleet is not None:
         return Path(fleet)
-    env = os.environ.get("GPUFLEET_FLEET_DIR")
+    env = read_env(Env.FLEET_DIR, str, "")
     return Path(env) if env else Path(".gpufleet") / "fleet"
 
 
@@ -129,10 +130,10 @@ def lemon_settings(
     """(failures, window seconds): explicit values, else env, else 3 failures in 30 days."""
     n = lemon_failures
     if n is None:
-        n = int(os.environ.get("GPUFLEET_LEMON_FAILURES", DEFAULT_LEMON_FAILURES))
+        n = read_env(Env.LEMON_FAILURES, int, DEFAULT_LEMON_FAILURES)
     days = lemon_window_days
     if days is None:
-        days = float(os.environ.get("GPUFLEET_LEMON_WINDOW_DAYS", DEFAULT_LEMON_WINDOW_DAYS))
+        days = read_env(Env.LEMON_WINDOW_DAYS, float, DEFAULT_LEMON_WINDOW_DAYS)
     if n < 1 or days <= 0:
         raise UsageError("lemon threshold needs failures >= 1 and a positive window")
     return n, days * 86400.0

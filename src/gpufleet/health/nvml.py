@@ -7,10 +7,11 @@ extra), e.g. ``gpufleet.health.fakes.fake_nvml``.
 from __future__ import annotations
 
 import importlib
-import os
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
+
+from gpufleet.core.env import Env, read_env
 
 __all__ = ["load_nvml", "GpuReading", "read_gpus", "NvmlUnavailable"]
 
@@ -38,7 +39,7 @@ class NvmlUnavailable(Exception):
 
 
 def load_nvml() -> ModuleType:
-    name = os.environ.get("GPUFLEET_NVML_MODULE", "pynvml")
+    name = read_env(Env.NVML_MODULE, str, "pynvml")
     try:
         return importlib.import_module(name)
     except ImportError as e:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.core import events as E
+from gpufleet.core.env import Env, read_env
 from gpufleet.core.events import HEALTH_RESULT
 from gpufleet.core.ledger import Ledger, read_events
 from gpufleet.health.checks import CheckSpec, Context, registry
@@ -44,7 +45,7 @@ FLEET_RULE_CHECKS = frozenset(
 
 
 def default_node() -> str:
-    return os.environ.get("GPUFLEET_NODE") or socket.gethostname().split(".")[0]
+    return read_env(Env.NODE, str, "") or socket.gethostname().split(".")[0]
 
 
 def _run_one(spec: CheckSpec, ctx: Context, timeout: float) -> list[CheckResult]:

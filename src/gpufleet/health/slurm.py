@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.core import events as E
+from gpufleet.core.env import Env, read_env
 from gpufleet.core.ledger import EventSink, Ledger, read_events
 
 __all__ = [
@@ -126,10 +127,10 @@ class Breaker:
         from gpufleet.health.nodes import fleet_dir
 
         self.dir = fleet_dir(fleet)
-        env_f = os.environ.get("GPUFLEET_BREAKER_FRACTION")
-        env_w = os.environ.get("GPUFLEET_BREAKER_WINDOW_S")
-        self.max_fraction = max_fraction if max_fraction is not None else float(env_f or 0.5)
-        self.window_s = window_s if window_s is not None else float(env_w or 300.0)
+        if max_fraction is None:
+            max_fraction = read_env(Env.BREAKER_FRACTION, float, 0.5)
+        self.max_fraction = max_fraction
+        self.window_s = window_s if window_s is not None else read_env(Env.BREAKER_WINDOW_S, float, 300.0)
 
     def recent(self, now: float | None = None) -> set[str]:
         """Nodes gpufleet drained within the window."""

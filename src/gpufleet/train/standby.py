@@ -13,6 +13,8 @@ import runpy
 import sys
 import time
 
+from gpufleet.core.env import Env
+
 
 def main() -> None:
     import torch  # noqa: F401  -- the point: pay for this before a failure, not after
@@ -26,7 +28,7 @@ def main() -> None:
         return
     order = json.loads(line)
     os.environ.update(order["env"])
-    os.environ["GPUFLEET_SPAWN_T"] = str(time.time())
+    os.environ[Env.SPAWN_T] = str(time.time())
     sys.stdin.close()
     os.close(0)
     os.open(os.devnull, os.O_RDONLY)  # fd 0 again, so nothing else lands there

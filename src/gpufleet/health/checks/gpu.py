@@ -7,6 +7,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from gpufleet.core.env import Env
 from gpufleet.health.checks import Context, register, result
 from gpufleet.health.nvml import BAD_THROTTLE, NvmlUnavailable, read_gpus, throttle_names
 from gpufleet.health.results import CheckResult, Status, worst
@@ -162,7 +163,7 @@ def state(ctx: Context) -> list[CheckResult]:
 
 def kernel_log(ctx: Context) -> tuple[str | None, str]:
     """(text, where) of the kernel log: plan ``kernel_log`` file or $GPUFLEET_KERNEL_LOG, else a command."""
-    f = ctx.param("kernel_log", ctx.env.get("GPUFLEET_KERNEL_LOG"))
+    f = ctx.param("kernel_log", ctx.env.get(Env.KERNEL_LOG))
     if f:
         try:
             return Path(f).read_text(errors="replace"), str(f)

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from gpufleet.core.env import Env
 from gpufleet.health.checks import Context, measured, register, result
 from gpufleet.health.results import CheckResult, Status
 
@@ -26,8 +27,8 @@ def _mem_total_bytes() -> float | None:
 def storage_paths(ctx: Context) -> list[Path]:
     """Storage/free-disk paths: plan ``paths``, else $GPUFLEET_HEALTH_PATHS, else the scratch dir."""
     raw = ctx.param("paths", None)
-    if raw is None and ctx.env.get("GPUFLEET_HEALTH_PATHS"):
-        raw = [p for p in ctx.env["GPUFLEET_HEALTH_PATHS"].split(os.pathsep) if p]
+    if raw is None and ctx.env.get(Env.HEALTH_PATHS):
+        raw = [p for p in ctx.env[Env.HEALTH_PATHS].split(os.pathsep) if p]
     return [Path(p) for p in raw] if raw else [ctx.scratch]
 
 
@@ -134,7 +135,7 @@ def parse_clock_offset(text: str) -> float | None:
 @register("host.clock", component="host", timeout_s=10)
 def clock(ctx: Context) -> list[CheckResult]:
     """Clock offset from a reference (params ``clock_file`` or ``clock_command``, default chronyc)."""
-    f = ctx.param("clock_file", ctx.env.get("GPUFLEET_CLOCK_FILE"))
+    f = ctx.param("clock_file", ctx.env.get(Env.CLOCK_FILE))
     if f:
         try:
             text = Path(f).read_text()

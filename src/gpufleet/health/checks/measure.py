@@ -11,11 +11,12 @@ import os
 import time
 from collections.abc import Callable, Mapping
 
+from gpufleet.core.env import Env
 from gpufleet.health.checks import Context, measured
 from gpufleet.health.relative import node_outliers
 from gpufleet.health.results import CheckResult, Status
 
-INJECT_ENV = "GPUFLEET_HEALTH_INJECT_SLOW"
+INJECT_ENV = Env.HEALTH_INJECT_SLOW
 
 
 def injected_slowdown(check: str, device: str, env: Mapping[str, str] | None = None) -> float:

@@ -13,8 +13,9 @@ Select it with ``GPUFLEET_NVML_MODULE=gpufleet.health.fakes.fake_nvml`` and poin
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
+
+from gpufleet.core.env import Env, read_env
 
 NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 NVML_VOLATILE_ECC = 0
@@ -35,7 +36,7 @@ _state: dict[str, Any] = {}
 
 
 def nvmlInit() -> None:  # noqa: N802 (the NVML API's names)
-    path = os.environ.get("GPUFLEET_FAKE_NVML")
+    path = read_env(Env.FAKE_NVML, str, "")
     if not path:
         raise NVMLError(NVML_ERROR_DRIVER_NOT_LOADED, "Driver Not Loaded (GPUFLEET_FAKE_NVML unset)")
     with open(path) as f:
