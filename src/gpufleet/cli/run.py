@@ -19,21 +19,17 @@ if TYPE_CHECKING:
 
 __all__ = ["register", "RunRequest", "SlurmJob"]
 
-_HELP = """Run COMMAND (after --) as N supervised workers; restart on crash, hang or loss spike.
-
-The command is a plain training script that calls gpufleet.init(). Every flag is checked before a
-worker starts. Exit codes: 0 done (or stopped cleanly), 1 failed, 2 bad flags or settings (also when
-a worker rejects its settings), 3 no checkpoint progress, 4 restart budget used up, 5 rollback budget
-used up.
-
-Examples:
-
-  gpufleet run -n 2 --checkpoint-every auto -- python train.py
-
-  gpufleet run -n 2 --inject kill:rank=1,step=40 -- python train.py
-
-  gpufleet run --backend slurm --nodes 2 -n 8 --partition gpu -- python train.py
-"""
+_HELP = (
+    "Run COMMAND (after --) as N supervised workers; restart on crash, hang or loss spike.\n\n"
+    "COMMAND is a plain training script that calls gpufleet.init(). Every flag is checked before a "
+    "worker starts.\n\n"
+    "Exit codes: 0 done (or stopped cleanly), 1 failed, 2 bad flags or settings (also when a worker "
+    "rejects its settings), 3 no checkpoint progress, 4 restart budget used up, 5 rollback budget used up."
+    "\n\nExamples:\n\n"
+    "  gpufleet run -n 2 --checkpoint-every auto -- python train.py\n\n"
+    "  gpufleet run -n 2 --inject kill:rank=1,step=40 -- python train.py\n\n"
+    "  gpufleet run --backend slurm --nodes 2 -n 8 --partition gpu -- python train.py"
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -42,6 +38,7 @@ def register(app: typer.Typer) -> None:
         context_settings={"allow_extra_args": True, "ignore_unknown_options": False},
         no_args_is_help=True,
         help=_HELP,
+        options_metavar="[OPTIONS] -- COMMAND [ARGS]...",
     )(run_command)
 
 
