@@ -221,10 +221,10 @@ def describe(cycle: list[Import]) -> str:
 @pytest.fixture(scope="module")
 def imports() -> list[Import]:
     found = parse_imports(SRC)
-    # The parser sees the tree: a few imports that the code cannot do without.
-    pairs = {(i.source, i.target) for i in found}
-    assert ("gpufleet.checkpoint.engine", "gpufleet.checkpoint.restore") in pairs
-    assert any(top_package(s) == "train" and top_package(t) == "core" for s, t in pairs)
+    # The parser sees the tree: many imports, of every kind, across packages.
+    assert len(found) > 100, len(found)
+    assert {i.kind for i in found} == {"top", "type", "lazy"}
+    assert any(top_package(i.source) == "train" and top_package(i.target) == "core" for i in found)
     return found
 
 
