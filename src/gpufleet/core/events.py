@@ -309,6 +309,7 @@ class Failure(Event):
     step: int | None = None  # the newest step rank 0 reported
     happened_t: float | None = None  # when it happened (exit time; last heartbeat for a hang)
     detail: str = ""  # human-readable
+    node: str | None = None  # multi-node backends: the node whose agent reported the failure
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
