@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpufleet.core.errors import UsageError
+from gpufleet.core.exitcodes import ExitCode
 
 app = typer.Typer(
     help="Inspect gpufleet checkpoints: list committed ones, verify sizes and checksums.",
@@ -56,7 +57,7 @@ def list_cmd(directory: str = typer.Argument(..., metavar="DIR", help=_DIR_HELP)
     console.print(table)
     if not rows:
         console.print(f"no committed checkpoints ({len(target.dirs)} uncommitted directories)")
-        raise typer.Exit(1)
+        raise typer.Exit(ExitCode.FAILED)
 
 
 @app.command("verify")
@@ -92,4 +93,4 @@ def verify_cmd(
     console.print(table)
     console.print(f"{len(dirs) - bad} of {len(dirs)} checkpoints verified")
     if bad:
-        raise typer.Exit(1)
+        raise typer.Exit(ExitCode.FAILED)

@@ -10,6 +10,7 @@ import json
 import sys
 from typing import Any
 
+from gpufleet.core.exitcodes import ExitCode
 from gpufleet.health.profiles import Threshold, get_profile
 from gpufleet.health.results import CheckResult, Status
 from gpufleet.health.runner import metric_of  # the one mapping from a result to its profile metric
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print("usage: python -m gpufleet.health.acceptance REPORT.json", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     with open(args[0]) as f:
         report = json.load(f)
     print(render(report))

@@ -27,6 +27,7 @@ from typing import Any
 
 from gpufleet.core import events as E
 from gpufleet.core.env import Env, read_env
+from gpufleet.core.exitcodes import ExitCode
 from gpufleet.core.ledger import EventSink, Ledger, read_events
 
 __all__ = [
@@ -274,12 +275,12 @@ def _main(argv: list[str]) -> int:
         print(
             "usage: python -m gpufleet.health.slurm healthcheck [NODE] -- CHECK_COMMAND ...", file=sys.stderr
         )
-        return 2
+        return ExitCode.USAGE
     sep = argv.index("--")
     node = argv[1] if sep > 1 else os.environ.get("SLURMD_NODENAME", "")
     if not node:
         print("gpufleet: healthcheck: no node name (SLURMD_NODENAME unset)", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     return healthcheck(node, argv[sep + 1 :])
 
 
