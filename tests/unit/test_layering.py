@@ -15,6 +15,10 @@ is still a dependency; it only moves the moment it is paid). Two checks on cycle
 Not seen: dynamic imports (``importlib.import_module``), which only registries use, each naming
 modules of its own package (backends, health checks, the serve subpackages' lazy re-exports); and
 the implicit import of a package's ``__init__`` when one of its modules is imported.
+
+Private means private: no ``obj._name`` on anything but ``self``/``cls``, and no ``_name`` (or
+``_module``) imported from another top-level package. Inside one package a private helper module
+(``serve/_lazy.py``) or name may be shared.
 """
 
 from __future__ import annotations
@@ -252,6 +256,51 @@ def test_no_import_cycles_between_packages(imports: list[Import]) -> None:
     assert not cycles, "import cycles between packages:\n" + "\n".join(describe(c) for c in cycles)
 
 
+# Public API despite the underscore: os._exit, sys._getframe, namedtuple's methods.
+PUBLIC_UNDERSCORE = {"_exit", "_getframe", "_current_frames", "_replace", "_asdict", "_fields", "_make"}
+# (file under src/, expression): a third-party object's private state with no public way to reach it
+PRIVATE_ALLOWED = {
+    # torch's DataLoader keeps its persistent-workers iterator in _iterator; dropping it is the only
+    # way to make it re-read the sampler (train/data.py explains)
+    ("gpufleet/train/data.py", "self.loader._iterator"),
+}
+
+
+def private_reaches(src: Path, package: str = ROOT_PACKAGE) -> list[str]:
+    """``obj._x`` on anything but self/cls; ``_x`` imported from another top-level package."""
+    out = []
+    for module, (path, _) in find_modules(src, package).items():
+        rel = path.relative_to(src).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+            ):
+                if node.attr in PUBLIC_UNDERSCORE:
+                    continue
+                if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                    continue
+                expr = ast.unparse(node)
+                if (rel, expr) not in PRIVATE_ALLOWED:
+                    out.append(f"{rel}:{node.lineno} reads {expr}")
+            elif isinstance(node, ast.ImportFrom):
+                names = [(node.module or "", a.name) for a in node.names]
+                for mod, name in names:
+                    if node.level or not mod.startswith(package + "."):
+                        continue  # relative imports stay inside the package
+                    parts = [*mod.split("."), name]
+                    private = any(p.startswith("_") and not p.startswith("__") for p in parts[1:])
+                    if private and top_package(mod) != top_package(module):
+                        out.append(f"{rel}:{node.lineno} imports {mod}.{name} (private, another package)")
+    return out
+
+
+def test_no_reaching_into_private_attributes() -> None:
+    bad = private_reaches(SRC)
+    assert not bad, "private state used from outside:\n" + "\n".join(bad)
+
+
 # ----------------------------------------------------------------------------- the checker itself
 
 
@@ -295,4 +344,23 @@ def test_checker_names_an_upward_import_and_a_cycle(tmp_path: Path) -> None:
     # core -> cli and cli -> core: a cycle between packages too
     assert [[i.source for i in c] for c in find_cycles(package_graph(found))] == [
         ["gpufleet.cli.main", "gpufleet.core.errors"]
+    ]
+
+
+def test_checker_names_private_reaches(tmp_path: Path) -> None:
+    _write(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "core/__init__.py": "",
+            "core/a.py": "def _h(): ...\nclass A:\n    def f(self):\n        return self._x, other._y\n",
+            "core/b.py": "from gpufleet.core.a import _h\n",  # same package: allowed
+            "cli/__init__.py": "",
+            "cli/m.py": "from gpufleet.core.a import _h\nfrom gpufleet.core import _private_mod\n",
+        },
+    )
+    assert sorted(private_reaches(tmp_path)) == [
+        "gpufleet/cli/m.py:1 imports gpufleet.core.a._h (private, another package)",
+        "gpufleet/cli/m.py:2 imports gpufleet.core._private_mod (private, another package)",
+        "gpufleet/core/a.py:4 reads other._y",
     ]
