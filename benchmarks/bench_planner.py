@@ -30,9 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/
 
 import numpy as np  # noqa: E402
 
+from gpufleet.serve.common.slo import SLO  # noqa: E402
 from gpufleet.serve.plan import planner as pl  # noqa: E402
 from gpufleet.serve.plan import profile as pm  # noqa: E402
-from gpufleet.serve.plan.sim import Requests, Slo, evaluate, simulate_aggregated  # noqa: E402
+from gpufleet.serve.plan.sim import Requests, evaluate, simulate_aggregated  # noqa: E402
 from gpufleet.serve.plan.traffic import parse_traffic  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -62,7 +63,7 @@ def validate(
     # SLO: TTFT p90 = 4x a lone request's TTFT, TPOT p90 = 1.5x a lone step: room for queueing
     lone = tp.prefill_ms(48, 48 * 48) / 1000.0
     step = tp.decode_ms(48 + 12, 1) / 1000.0
-    slo = Slo({"ttft": (90, 4 * lone), "tpot": (90, 1.5 * step)}, 0.9)
+    slo = SLO.of(ttft=4 * lone, tpot=1.5 * step, percentile=90, attainment=0.9)
     tr = parse_traffic(f"rate=0.1;{VALIDATION_WORKLOAD};cv=1")
     opts = pl.PlanOptions(slo, modes=("aggregated",), n_sim=3000)
     res = pl.plan(prof, tr, opts)
@@ -156,7 +157,7 @@ def simulation_case(
     prof = pm.load_profile(profile)
     tr = parse_traffic(traffic)
     opts = pl.PlanOptions(
-        Slo({"ttft": (90, ttft_s), "tpot": (90, tpot_s)}, 0.9), n_sim=1500, chunked_prefill=chunk
+        SLO.of(ttft=ttft_s, tpot=tpot_s, percentile=90, attainment=0.9), n_sim=1500, chunked_prefill=chunk
     )
     t0 = time.perf_counter()
     res = pl.plan(prof, tr, opts)

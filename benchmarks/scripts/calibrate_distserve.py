@@ -21,16 +21,17 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from gpufleet.serve.common.slo import SLO
 from gpufleet.serve.plan.evaluate import bisect_max_rate, scaled
 from gpufleet.serve.plan.profile import Coeffs, Profile, TpProfile, load_profile
-from gpufleet.serve.plan.sim import Requests, Slo, evaluate, simulate_aggregated, simulate_disaggregated
+from gpufleet.serve.plan.sim import Requests, evaluate, simulate_aggregated, simulate_disaggregated
 from gpufleet.serve.plan.traffic import parse_traffic
 
 PROFILES = Path(__file__).resolve().parents[2] / "src/gpufleet/serve/plan/data/profiles"
 OUT = PROFILES / "opt-13b-a100-distserve.json"
 PUBLISHED = {"prefill_only": 5.6, "decode_only": 10.0, "colocated": 1.6}  # req/s on one A100
-TTFT, TPOT = Slo({"ttft": (90, 0.4)}), Slo({"tpot": (90, 0.04)})
-BOTH = Slo({"ttft": (90, 0.4), "tpot": (90, 0.04)})
+TTFT, TPOT = SLO.of(ttft=0.4, percentile=90), SLO.of(tpot=0.04, percentile=90)
+BOTH = SLO.of(ttft=0.4, tpot=0.04, percentile=90)
 PLENTY = 8  # instances of the other phase, so only the measured one limits
 
 

@@ -28,15 +28,10 @@ def register(app: typer.Typer) -> None:
 
 
 def _seconds(text: str, what: str) -> float:
-    from gpufleet.serve.common.slo import parse_duration
+    """A bare number of seconds or a duration with a unit; > 0."""
+    from gpufleet.core.units import parse_duration
 
-    try:
-        v = float(text)
-    except ValueError:
-        return parse_duration(text, what)
-    if not v > 0:
-        raise UsageError(f"{what} must be > 0 (got {text})")
-    return v
+    return parse_duration(text, what, allow_zero=False)
 
 
 def _warmup(text: str | None) -> tuple[int, float]:
@@ -74,7 +69,10 @@ def bench(
         str | None,
         Opt("--warmup", help="First N requests, or first D seconds (5s), sent but left out of the metrics."),
     ] = None,
-    slo: Annotated[str | None, Opt("--slo", help="e.g. ttft=500ms,tpot=50ms,e2e=10s")] = None,
+    slo: Annotated[
+        str | None,
+        Opt("--slo", help="e.g. ttft=500ms,tpot=50ms,e2e=10s; ttft_p90=500ms also checks the p90."),
+    ] = None,
     out: Annotated[Path, Opt("--out", help="Output folder.")] = Path("serve-bench"),
     find_max_rate: Annotated[
         bool, Opt("--find-max-rate", help="Search the max rate at --attainment.")
@@ -114,11 +112,13 @@ def bench(
     from rich.console import Console
 
     from gpufleet.serve.bench.arrivals import parse_arrival
+
+    # ---- validate everything before any work
+    from gpufleet.serve.bench.client import APIS
     from gpufleet.serve.common.slo import parse_slo
     from gpufleet.serve.common.workload import load_workload
 
-    # ---- validate everything before any work
-    if api not in ("chat", "completions"):
+    if api not in APIS:
         raise UsageError(f"--api must be chat or completions (got {api!r})")
     if rate is not None and (not math.isfinite(rate) or rate <= 0):
         raise UsageError(f"--rate must be > 0 (got {rate:g})")
@@ -143,7 +143,7 @@ def bench(
     duration_s = _seconds(duration, "--duration") if duration is not None else None
     timeout_s = _seconds(timeout, "--timeout")
     warm_n, warm_s = _warmup(warmup)
-    slo_v = parse_slo(slo)
+    slo_v = parse_slo(slo, attainment=attainment)
     arr = parse_arrival(arrival)
     wl = load_workload(workload, seed)
     if tokenizer:

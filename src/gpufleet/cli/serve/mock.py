@@ -57,7 +57,8 @@ def mock_command(
     import asyncio
 
     from gpufleet.core.errors import UsageError
-    from gpufleet.serve.mock.batching import MockConfig, parse_duration
+    from gpufleet.core.units import parse_duration
+    from gpufleet.serve.mock.batching import MockConfig
     from gpufleet.serve.mock.server import MockServer
 
     config = MockConfig(

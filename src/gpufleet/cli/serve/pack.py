@@ -51,7 +51,7 @@ def pack_command(
     """Pack several workloads' replicas into racks/nodes at the lowest cost (CP-SAT, FFD fallback)."""
     from gpufleet.serve.common.racks import build_fleet
     from gpufleet.serve.pack.plans import load_plans
-    from gpufleet.serve.pack.solver import SOLVERS, pack
+    from gpufleet.serve.pack.solver import Solver, pack
 
     paths = [*(plans or []), *(more or [])]
     if not paths:
@@ -60,8 +60,8 @@ def pack_command(
         raise UsageError(f"--time-limit must be > 0 seconds (got {time_limit:g})")
     if not 1 <= workers <= 256:
         raise UsageError(f"--workers must be in 1..256 (got {workers})")
-    if solver not in SOLVERS:
-        raise UsageError(f"unknown --solver {solver!r}; valid: {', '.join(SOLVERS)}")
+    if solver not in tuple(Solver):
+        raise UsageError(f"unknown --solver {solver!r}; valid: {', '.join(Solver)}")
     fleet = build_fleet(racks, nodes)
     workloads = load_plans(paths)
 

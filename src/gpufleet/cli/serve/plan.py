@@ -28,46 +28,14 @@ def register(app: typer.Typer) -> None:
     app.command("plan")(plan_command)
 
 
-def parse_plan_slo(text: str, attainment: float) -> tuple[Any, dict[str, str]]:
-    """``ttft_p90=500ms,tpot_p90=50ms`` (``ttft=`` means p90) → (Slo, {metric: original key})."""
-    from gpufleet.serve.common.slo import parse_duration
-    from gpufleet.serve.plan.sim import Slo
-
-    if not 0 < attainment <= 1:
-        raise UsageError(f"--attainment must be in (0, 1] (got {attainment:g})")
-    limits: dict[str, tuple[float, float]] = {}
-    keys: dict[str, str] = {}
-    for item in (x.strip() for x in text.split(",") if x.strip()):
-        k, sep, v = item.partition("=")
-        metric, _, pct = k.strip().lower().partition("_p")
-        if not sep or metric not in ("ttft", "tpot"):
-            raise UsageError(f"--slo: expected ttft_pNN=<time> or tpot_pNN=<time>, got {item!r}")
-        try:
-            q = float(pct) if pct else 90.0
-        except ValueError:
-            raise UsageError(f"--slo: bad percentile in {k!r}") from None
-        if not 0 < q < 100:
-            raise UsageError(f"--slo: percentile must be in (0, 100) in {k!r}")
-        limits[metric] = (q, parse_duration(v.strip(), f"--slo {k}"))
-        keys[metric] = f"{metric}_p{q:g}_ms"
-    if not limits:
-        raise UsageError("--slo needs at least one of ttft_p90=..., tpot_p90=...")
-    return Slo(limits, attainment), keys
-
-
 def _domain(gpus_per_node: int | None, rack: str | None) -> dict[str, Any]:
-    from gpufleet.serve.plan.launch import RACKS
+    from gpufleet.serve.common.racks import rack_type
 
     if rack is not None and gpus_per_node is not None:
         raise UsageError("give --gpus-per-node or --rack, not both")
     if rack is not None:
-        if rack.lower() not in RACKS:
-            raise UsageError(f"unknown rack {rack!r} (choose {', '.join(RACKS)})")
-        return {
-            "kind": "rack" if rack.lower() != "node8" else "node",
-            "gpus": RACKS[rack.lower()],
-            "name": rack.lower(),
-        }
+        rt = rack_type(rack, flag="--rack")
+        return {"kind": str(rt.kind), "gpus": rt.gpus, "name": rt.name}
     g = 8 if gpus_per_node is None else gpus_per_node
     if g < 1:
         raise UsageError(f"--gpus-per-node must be >= 1 (got {g})")
@@ -89,12 +57,16 @@ def plan_command(
             help="rate=12;in=lognormal:512,0.6;out=fixed:128;cv=1, a .json, or a Mooncake .jsonl.",
         ),
     ] = None,
-    slo: Annotated[str, Opt("--slo", help="ttft_p90=500ms,tpot_p90=50ms")] = "ttft_p90=500ms,tpot_p90=50ms",
+    slo: Annotated[
+        str, Opt("--slo", help="ttft_p90=500ms,tpot_p90=50ms (a plain ttft=500ms is judged at p90).")
+    ] = "ttft_p90=500ms,tpot_p90=50ms",
     attainment: Annotated[float, Opt("--attainment", help="Share of requests meeting every limit.")] = 0.9,
     gpus_per_node: Annotated[
         int | None, Opt("--gpus-per-node", help="NVLink domain = one node of N GPUs (default 8).")
     ] = None,
-    rack: Annotated[str | None, Opt("--rack", help="NVLink domain = one rack: nvl72, nvl36.")] = None,
+    rack: Annotated[
+        str | None, Opt("--rack", help="NVLink domain = one rack or node type: nvl72, nvl36, hgx8.")
+    ] = None,
     price: Annotated[
         float | None, Opt("--price-per-gpu-hour", help="Report cost; choose the lowest cost.")
     ] = None,
@@ -128,6 +100,8 @@ def plan_command(
     seed: Annotated[int, Opt("--seed")] = 0,
 ) -> None:
     """Plan GPUs for a traffic pattern and SLO: aggregated vs disaggregated P/D, TP, batch, replicas."""
+    from gpufleet.serve.common.plan_format import Mode
+    from gpufleet.serve.common.slo import parse_slo
     from gpufleet.serve.plan import launch as lm
     from gpufleet.serve.plan import planner as pl
     from gpufleet.serve.plan.profile import load_profile
@@ -139,15 +113,13 @@ def plan_command(
         raise UsageError("--kv-gbps must be > 0, --sim-requests >= 100, --max-gpus >= 1")
     if chunked_prefill < 0 or 0 < chunked_prefill < 64:
         raise UsageError(f"--chunked-prefill must be 0 (off) or >= 64 tokens (got {chunked_prefill})")
-    modes = {
-        "both": ("aggregated", "disaggregated"),
-        "aggregated": ("aggregated",),
-        "disaggregated": ("disaggregated",),
-    }.get(mode)
+    modes = {"both": tuple(Mode), **{m.value: (m,) for m in Mode}}.get(mode.strip().lower())
     if modes is None:
         raise UsageError(f"--mode must be both, aggregated or disaggregated (got {mode!r})")
     dom = _domain(gpus_per_node, rack)
-    slo_obj, keys = parse_plan_slo(slo, attainment)
+    slo_obj = parse_slo(slo, metrics=("ttft", "tpot"), attainment=attainment)
+    if not slo_obj:
+        raise UsageError("--slo needs at least one of ttft_p90=..., tpot_p90=...")
     prof = load_profile(profile)
     opts = pl.PlanOptions(
         slo_obj,
@@ -180,7 +152,7 @@ def plan_command(
     tr = load_traffic(traffic, rate)
     result = pl.plan(prof, tr, opts)
     workload = name or (Path(traffic).stem if traffic.endswith((".json", ".jsonl")) else "workload")
-    doc = lm.plan_document(result, prof, tr, opts, workload, dom, keys)
+    doc = lm.plan_document(result, prof, tr, opts, workload, dom)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "plan.json").write_text(json.dumps(doc, indent=2) + "\n")

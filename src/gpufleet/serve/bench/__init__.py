@@ -8,10 +8,12 @@ from gpufleet.serve._lazy import attach
 __getattr__, __all__ = attach(
     __name__,
     {
-        "arrivals": ["Arrival", "parse_arrival", "schedule"],
+        "arrivals": ["Arrival", "ArrivalKind", "parse_arrival", "schedule"],
         "calibrate": ["max_sustainable_rate", "calibrate", "cached_capacity"],
-        "client": ["ClientConfig", "RequestRecord", "endpoint_url", "send"],
-        "findmax": ["Level", "SearchResult", "search_max_rate", "queue_growing", "falling_behind"],
+        "client": ["Api", "ClientConfig", "RequestRecord", "endpoint_url", "send"],
+        "findmax": [
+            "LimitedBy", "Level", "SearchResult", "search_max_rate", "queue_growing", "falling_behind",
+        ],
         "levels": ["BenchOptions", "detect_model", "run_level", "find_max"],
         "live": ["LiveView", "summary_table"],
         "metrics": ["percentiles", "summarize_records"],

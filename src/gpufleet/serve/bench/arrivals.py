@@ -7,43 +7,50 @@ run's schedule is reproducible.
 
 from __future__ import annotations
 
+import enum
 import math
 import random
 from dataclasses import dataclass
 
 from gpufleet.core.errors import UsageError
 
-__all__ = ["Arrival", "parse_arrival", "schedule"]
+__all__ = ["Arrival", "ArrivalKind", "parse_arrival", "schedule"]
+
+
+class ArrivalKind(enum.StrEnum):
+    POISSON = "poisson"  # exponential gaps
+    CONSTANT = "constant"  # gap 1/rate
+    GAMMA = "gamma"  # gamma gaps of mean 1/rate and the given shape
 
 
 @dataclass(frozen=True)
 class Arrival:
-    kind: str  # poisson | constant | gamma
+    kind: ArrivalKind
     shape: float = 1.0
 
     def __str__(self) -> str:
-        return f"gamma:{self.shape:g}" if self.kind == "gamma" else self.kind
+        return f"gamma:{self.shape:g}" if self.kind == ArrivalKind.GAMMA else str(self.kind)
 
     def gap(self, rng: random.Random, rate: float) -> float:
-        if self.kind == "constant":
+        if self.kind == ArrivalKind.CONSTANT:
             return 1.0 / rate
-        if self.kind == "poisson":
+        if self.kind == ArrivalKind.POISSON:
             return rng.expovariate(rate)
         return rng.gammavariate(self.shape, 1.0 / (self.shape * rate))
 
 
 def parse_arrival(text: str) -> Arrival:
     kind, _, arg = text.strip().lower().partition(":")
-    if kind in ("poisson", "constant") and not arg:
-        return Arrival(kind)
-    if kind == "gamma":
+    if kind in (ArrivalKind.POISSON, ArrivalKind.CONSTANT) and not arg:
+        return Arrival(ArrivalKind(kind))
+    if kind == ArrivalKind.GAMMA:
         try:
             shape = float(arg)
         except ValueError:
             raise UsageError(f"--arrival gamma needs a shape, e.g. gamma:0.5 (got {text!r})") from None
         if not math.isfinite(shape) or shape <= 0:
             raise UsageError(f"--arrival gamma shape must be > 0 (got {text!r})")
-        return Arrival("gamma", shape)
+        return Arrival(ArrivalKind.GAMMA, shape)
     raise UsageError(f"unknown --arrival {text!r} (choose poisson, constant, gamma:<shape>)")
 
 

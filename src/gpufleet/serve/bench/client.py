@@ -15,7 +15,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 
 from gpufleet.serve.bench.sse import StreamState
 from gpufleet.serve.common.workload import RequestSpec
@@ -68,17 +68,22 @@ class RequestRecord:
         return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
 
 
+Api = Literal["chat", "completions"]
+"""Which OpenAI endpoint: ``/v1/chat/completions`` or ``/v1/completions``."""
+APIS: tuple[Api, ...] = get_args(Api)
+
+
 @dataclass(frozen=True)
 class ClientConfig:
     url: str  # full endpoint URL (see endpoint_url)
     model: str
-    api: str = "chat"  # chat | completions
+    api: Api = "chat"
     timeout_s: float = 600.0
     exact_output: bool = True  # also send min_tokens and ignore_eos (extra fields; ignored if unknown)
     extra: tuple[tuple[str, Any], ...] = ()
 
 
-def endpoint_url(base: str, api: str) -> str:
+def endpoint_url(base: str, api: Api) -> str:
     """``http://h:p`` or ``http://h:p/v1`` → the chat or completions endpoint; full URLs are kept."""
     u = base.rstrip("/")
     if u.endswith(("/chat/completions", "/completions")):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from gpufleet.serve.bench.client import RequestRecord
 
@@ -33,9 +33,14 @@ class Level:
     stable: bool = True
     summary: dict[str, Any] = field(default_factory=dict)
     recheck: bool = False
+    percentiles_met: bool = True  # every percentile limit of the SLO (ttft_p90=...) held
 
     def passes(self, target: float) -> bool:
-        return self.client_valid and self.stable and self.attainment >= target
+        return self.client_valid and self.stable and self.percentiles_met and self.attainment >= target
+
+
+LimitedBy = Literal["slo", "client", "max_rate", "min_rate", "max_levels", "interrupted"]
+"""What stopped the search (``interrupted`` is set by the caller on Ctrl-C)."""
 
 
 @dataclass
@@ -43,7 +48,7 @@ class SearchResult:
     max_rate: float  # 0.0 when no level passed
     target: float
     levels: list[Level]
-    limited_by: str  # slo | client | max_rate | min_rate | max_levels
+    limited_by: LimitedBy
     stable: bool  # the stability re-run of max_rate passed
 
 
@@ -99,7 +104,7 @@ def search_max_rate(
 
     lo: float | None = None
     hi: float | None = None
-    limited = "slo"
+    limited: LimitedBy = "slo"
     rate = start_rate if max_rate is None else min(start_rate, max_rate)
     while len(levels) < max_levels:  # doubling (or halving while nothing passed yet)
         lv = run(rate)

@@ -153,7 +153,8 @@ def find_max(
                            on_progress=on_level(rate) if on_level else None, stop=stop)
         interrupted[0] = res.interrupted
         steady = not (s["queue_growing"] or s["falling_behind"])
-        lv = Level(rate, s["slo"]["attainment"], client_valid=s["valid"], stable=steady, summary=s)
+        lv = Level(rate, s["slo"]["attainment"], client_valid=s["valid"], stable=steady, summary=s,
+                   percentiles_met=s["slo"]["percentiles_met"])
         return lv
 
     def capacity(levels: list[Level], result: Any) -> dict[str, Any]:
@@ -165,6 +166,7 @@ def find_max(
             "workload": plan.workload.describe(),
             "arrival": str(plan.arrival),
             "slo_ms": {k: v * 1000 for k, v in opts.slo.as_dict().items()},
+            "slo": str(opts.slo),
             "target_attainment": target,
             "max_rate": result.max_rate if result else None,
             "stable": result.stable if result else False,

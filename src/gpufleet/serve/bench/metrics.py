@@ -39,7 +39,8 @@ def _q(sorted_xs: Sequence[float], q: float) -> float:
     pos = (len(sorted_xs) - 1) * q
     lo = math.floor(pos)
     hi = min(lo + 1, len(sorted_xs) - 1)
-    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
+    a, b = sorted_xs[lo], sorted_xs[hi]
+    return a if pos == lo or a == b else a + (b - a) * (pos - lo)  # (b - a) would be nan for inf, inf
 
 
 def percentiles(xs: Sequence[float], scale: float = 1000.0) -> dict[str, float | int | None]:
@@ -51,6 +52,19 @@ def percentiles(xs: Sequence[float], scale: float = 1000.0) -> dict[str, float |
     for p in PCTS:
         out[f"p{p}"] = _q(s, p / 100) * scale
     out["min"], out["max"] = s[0] * scale, s[-1] * scale
+    return out
+
+
+def _slo_percentiles(recs: Sequence[RequestRecord], slo: SLO) -> dict[str, float | None]:
+    """``{"ttft_p90": seconds}`` for each percentile limit, over every measured request; a failed
+    request (or one without that measurement) counts as infinitely slow. None: no requests."""
+    out: dict[str, float | None] = {}
+    for m, lim in slo.limits.items():
+        if lim.percentile is not None:
+            vals = sorted(
+                v if r.ok and (v := getattr(r, f"{m}_s")) is not None else math.inf for r in recs
+            )
+            out[lim.key(m)] = _q(vals, lim.percentile / 100) if vals else None
     return out
 
 
@@ -73,6 +87,7 @@ def summarize_records(
     else:
         duration = 0.0
     good = [r for r in ok if slo.met(r.ttft_s, r.tpot_s, r.e2e_s)]
+    pct = _slo_percentiles(recs, slo)
     out_tokens = sum(r.output_tokens or 0 for r in ok)
     in_tokens = sum(r.prompt_tokens or r.input_tokens_asked for r in ok)
     errors = Counter(r.error for r in recs if r.error)
@@ -127,6 +142,12 @@ def summarize_records(
         },
         "slo": {
             "limits_ms": {k: v * 1000 for k, v in slo.as_dict().items()},
+            # None: no requests, or too many failed for the percentile to be finite
+            "percentiles_ms": {k: None if v is None or math.isinf(v) else v * 1000 for k, v in pct.items()},
+            "percentiles_met": all(
+                v is not None and v <= slo.limits[k.partition("_")[0]].seconds  # type: ignore[index]
+                for k, v in pct.items()
+            ),
             "attainment": len(good) / n if n else 0.0,
             "goodput_per_s": len(good) / duration if duration else 0.0,
             "goodput_kind": "requests meeting every SLO per second at this load (benchmark-style)",

@@ -7,13 +7,15 @@ from gpufleet.serve._lazy import attach
 __getattr__, __all__ = attach(
     __name__,
     {
-        "slo": ["SLO", "parse_duration", "parse_slo"],
+        "slo": ["SLO", "Limit", "Metric", "METRICS", "parse_slo"],
+        "plan_format": ["PLAN_SCHEMA", "PLAN_VERSION", "Mode"],
         "workload": [
             "LengthDist", "RequestSpec", "SyntheticWorkload", "TraceEntry", "TraceWorkload", "Workload",
             "PRESETS", "BLOCK_TOKENS", "parse_dist", "parse_spec", "load_mooncake", "load_workload",
         ],
         "racks": [
-            "RackType", "Domain", "RACK_TYPES", "rack_type", "parse_racks", "parse_nodes", "build_fleet",
+            "DomainKind", "RackType", "Domain", "RACK_TYPES", "rack_type", "parse_racks", "parse_nodes",
+            "build_fleet",
         ],
     },
 )

@@ -1,4 +1,5 @@
-"""Rack and node types for ``gpufleet serve pack``: the NVLink domains a fleet is made of.
+"""Rack and node types: the NVLink domains a fleet is made of. The one table of them, used by
+``serve plan --rack`` (the domain a plan must fit) and ``serve pack --racks`` (the fleet).
 
 A *domain* is a set of GPUs joined by NVLink: a tensor-parallel group, and every P/D group,
 must sit inside one. A GB200 NVL72 rack is one domain of 72 GPUs; an HGX node is one of 8.
@@ -13,13 +14,22 @@ COST is the price of using one domain (default 1.0: the objective counts racks/n
 
 from __future__ import annotations
 
+import enum
 import math
 import re
 from dataclasses import dataclass
 
 from gpufleet.core.errors import UsageError
 
-__all__ = ["RackType", "Domain", "RACK_TYPES", "rack_type", "parse_racks", "parse_nodes", "build_fleet"]
+__all__ = ["DomainKind", "RackType", "Domain", "RACK_TYPES", "rack_type", "parse_racks", "parse_nodes",
+           "build_fleet"]
+
+
+class DomainKind(enum.StrEnum):
+    """A whole rack is one NVLink domain, or each node is one."""
+
+    RACK = "rack"
+    NODE = "node"
 
 
 @dataclass(frozen=True)
@@ -29,6 +39,7 @@ class RackType:
     name: str
     gpus: int
     description: str
+    kind: DomainKind = DomainKind.RACK
 
 
 @dataclass(frozen=True)
@@ -44,7 +55,7 @@ class Domain:
 RACK_TYPES: dict[str, RackType] = {
     "nvl72": RackType("nvl72", 72, "GB200 NVL72: one NVLink domain of 72 GPUs"),
     "nvl36": RackType("nvl36", 36, "GB200 NVL36: one NVLink domain of 36 GPUs"),
-    "hgx8": RackType("hgx8", 8, "HGX 8-GPU node: NVLink inside the node"),
+    "hgx8": RackType("hgx8", 8, "HGX 8-GPU node: NVLink inside the node", DomainKind.NODE),
 }
 
 _MAX_DOMAINS = 10_000
@@ -53,13 +64,13 @@ _RACK_RE = re.compile(r"^(?P<type>[A-Za-z0-9_-]+):(?P<count>[0-9]+)" + _COST_RE 
 _NODE_RE = re.compile(r"^(?P<gpus>[0-9]+)x(?P<count>[0-9]+)" + _COST_RE + r"$")
 
 
-def rack_type(name: str) -> RackType:
+def rack_type(name: str, flag: str = "--racks") -> RackType:
     """The registered type called ``name``; an unknown name lists the valid ones."""
     try:
-        return RACK_TYPES[name.lower()]
+        return RACK_TYPES[name.strip().lower()]
     except KeyError:
         valid = ", ".join(f"{t.name} ({t.gpus} GPUs)" for t in RACK_TYPES.values())
-        raise UsageError(f"unknown rack type {name!r}; valid: {valid}") from None
+        raise UsageError(f"{flag}: unknown rack type {name!r}; valid: {valid}") from None
 
 
 def _cost(text: str | None, where: str) -> float:

@@ -6,7 +6,7 @@ from gpufleet.serve._lazy import attach
 __getattr__, __all__ = attach(
     __name__,
     {
-        "batching": ["BatchScheduler", "MockConfig", "count_tokens"],
+        "batching": ["FailMode", "TokenRule", "BatchScheduler", "MockConfig", "count_tokens"],
         "server": ["MockServer"],
     },
 )

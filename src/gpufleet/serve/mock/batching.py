@@ -28,6 +28,7 @@ whitespace-separated words; ``chars4`` counts ``ceil(characters / 4)``. See :fun
 from __future__ import annotations
 
 import asyncio
+import enum
 import math
 import random
 from collections import deque
@@ -36,49 +37,41 @@ from typing import Any
 
 from gpufleet.core.errors import ConfigError
 
-__all__ = [
-    "FAIL_MODES",
-    "TOKEN_RULES",
-    "BatchScheduler",
-    "MockConfig",
-    "count_tokens",
-    "parse_duration",
-]
-
-TOKEN_RULES = ("words", "chars4")
-FAIL_MODES = ("500", "midstream", "disconnect", "mixed")
-_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}
+__all__ = ["FailMode", "TokenRule", "BatchScheduler", "MockConfig", "count_tokens"]
 
 
-def parse_duration(text: str | float, what: str = "duration") -> float:
-    """``"200ms"``, ``"0.2s"``, ``"150us"``, ``"1m"`` or a bare number of seconds -> seconds."""
-    if isinstance(text, int | float):
-        value = float(text)
-    else:
-        s = text.strip().lower()
-        for unit in ("us", "ms", "s", "m"):  # "ms" before "s" and "m"
-            if s.endswith(unit):
-                num, scale = s[: -len(unit)], _UNITS[unit]
-                break
-        else:
-            num, scale = s, 1.0
-        try:
-            value = float(num) * scale
-        except ValueError:
-            raise ConfigError(f"{what}: {text!r} is not a duration (e.g. 200ms, 0.5s, 150us)") from None
-    if not math.isfinite(value) or value < 0:
-        raise ConfigError(f"{what}: {text!r} must be a finite duration >= 0")
-    return value
+class TokenRule(enum.StrEnum):
+    """How the mock counts prompt tokens (never a tokenizer)."""
+
+    WORDS = "words"  # whitespace-separated words
+    CHARS4 = "chars4"  # ceil(characters / 4)
 
 
-def count_tokens(text: str, rule: str = "words") -> int:
+class FailMode(enum.StrEnum):
+    """How an injected failure looks to the client."""
+
+    HTTP_500 = "500"
+    MIDSTREAM = "midstream"  # an SSE error event after some tokens
+    DISCONNECT = "disconnect"  # the connection drops mid-stream
+    MIXED = "mixed"  # one of the three above per request, picked by the seed
+
+
+_FAILURES = (FailMode.HTTP_500, FailMode.MIDSTREAM, FailMode.DISCONNECT)
+
+
+def _choice(enum_type: type[enum.StrEnum], value: object, what: str) -> enum.StrEnum:
+    try:
+        return enum_type(value)
+    except ValueError:
+        raise ConfigError(f"{what} {value!r} unknown; choose one of {', '.join(enum_type)}") from None
+
+
+def count_tokens(text: str, rule: TokenRule | str = TokenRule.WORDS) -> int:
     """Prompt tokens by the mock's documented rule: ``words`` = ``len(text.split())``,
     ``chars4`` = ``ceil(len(text) / 4)``."""
-    if rule == "words":
+    if _choice(TokenRule, rule, "token rule") == TokenRule.WORDS:
         return len(text.split())
-    if rule == "chars4":
-        return (len(text) + 3) // 4
-    raise ConfigError(f"token rule {rule!r} unknown; choose one of {', '.join(TOKEN_RULES)}")
+    return (len(text) + 3) // 4
 
 
 @dataclass(frozen=True)
@@ -94,15 +87,17 @@ class MockConfig:
     prefill_per_token_s: float = 0.0
     output_len: int = 128
     context_len: int = 8192
-    token_rule: str = "words"
+    token_rule: TokenRule = TokenRule.WORDS
     tokens_per_chunk: int = 1
     empty_chunks: int = 0
     stream_usage: bool = True  # False: ignore stream_options.include_usage, like llama.cpp
     fail_rate: float = 0.0
-    fail_mode: str = "500"
+    fail_mode: FailMode = FailMode.HTTP_500
     seed: int = 0
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "token_rule", _choice(TokenRule, self.token_rule, "token rule"))
+        object.__setattr__(self, "fail_mode", _choice(FailMode, self.fail_mode, "fail mode"))
         checks: list[tuple[bool, str]] = [
             (bool(self.model.strip()), "model name must not be empty"),
             (self.ttft_s >= 0 and self.itl_s >= 0, "ttft and itl must be >= 0"),
@@ -112,11 +107,9 @@ class MockConfig:
             (self.prefill_per_token_s >= 0, "prefill per token must be >= 0"),
             (self.output_len >= 1, f"output length {self.output_len} must be >= 1"),
             (self.context_len >= 2, f"context length {self.context_len} must be >= 2"),
-            (self.token_rule in TOKEN_RULES, f"token rule {self.token_rule!r}: one of {TOKEN_RULES}"),
             (self.tokens_per_chunk >= 1, "tokens per chunk must be >= 1"),
             (0 <= self.empty_chunks <= 100, "empty chunks must be in [0, 100]"),
             (0.0 <= self.fail_rate <= 1.0, f"fail rate {self.fail_rate} must be in [0, 1]"),
-            (self.fail_mode in FAIL_MODES, f"fail mode {self.fail_mode!r}: one of {', '.join(FAIL_MODES)}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -163,15 +156,15 @@ class BatchScheduler:
         self._arrivals += 1
         return i
 
-    def failure_for(self, index: int) -> str | None:
+    def failure_for(self, index: int) -> FailMode | None:
         """The failure injected into request ``index`` (``"500"``, ``"midstream"``,
         ``"disconnect"``), or None. Exactly ``floor(N * fail_rate)`` of the first N fail."""
         rate = self.config.fail_rate
         if rate <= 0 or math.floor((index + 1) * rate) == math.floor(index * rate):
             return None
-        if self.config.fail_mode != "mixed":
+        if self.config.fail_mode != FailMode.MIXED:
             return self.config.fail_mode
-        return random.Random(f"{self.config.seed}:{index}").choice(FAIL_MODES[:3])
+        return random.Random(f"{self.config.seed}:{index}").choice(_FAILURES)
 
     def delay(self, mean: float) -> float:
         """``mean`` with the configured multiplicative Gaussian jitter (never negative)."""

@@ -25,7 +25,7 @@ import socket
 import time
 from typing import Any
 
-from gpufleet.serve.mock.batching import BatchScheduler, MockConfig, count_tokens
+from gpufleet.serve.mock.batching import BatchScheduler, FailMode, MockConfig, count_tokens
 
 __all__ = ["MockServer", "prompt_text"]
 
@@ -238,7 +238,7 @@ class MockServer:
             await self._error(writer, e.status, str(e), keep, e.code)
             return keep
         failure = sched.failure_for(index)
-        if failure == "500":
+        if failure == FailMode.HTTP_500:
             self.counts["failed_500"] += 1
             await self._error(writer, 500, "injected failure (gpufleet mock)", keep)
             return keep
@@ -260,7 +260,7 @@ class MockServer:
     ) -> bool:
         loop = asyncio.get_running_loop()
         sched = self.scheduler
-        cut = n // 2 if failure in ("midstream", "disconnect") else None
+        cut = n // 2 if failure in (FailMode.MIDSTREAM, FailMode.DISCONNECT) else None
         due = loop.time() + sched.delay(self.config.prefill(prompt_tokens))
         per_chunk = self.config.tokens_per_chunk
         sent = 0
@@ -280,10 +280,10 @@ class MockServer:
                 due += sched.delay(self.config.itl(sched.running))
         if cut is not None:
             self.counts["failed_" + str(failure)] += 1
-            if failure == "midstream" and stream:
+            if failure == FailMode.MIDSTREAM and stream:
                 await em.stream_error()
                 return keep
-            if failure == "midstream":
+            if failure == FailMode.MIDSTREAM:
                 await self._error(em.writer, 500, "injected failure (gpufleet mock)", keep)
                 return keep
             em.writer.transport.abort()  # "disconnect": the connection just drops

@@ -7,7 +7,10 @@ __getattr__, __all__ = attach(
     __name__,
     {
         "plans": ["Group", "Item", "Workload", "load_plan", "load_plans", "items_of"],
-        "solver": ["PackError", "PackInfeasible", "PackResult", "pack", "ffd", "capacity_bound"],
+        "solver": [
+            "PackError", "PackInfeasible", "PackResult", "PackStatus", "Solver", "pack", "ffd",
+            "capacity_bound",
+        ],
         "render": ["headline", "tables", "plot_racks"],
     },
 )

@@ -14,12 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.core.errors import UsageError
+from gpufleet.serve.common.plan_format import PLAN_SCHEMA, PLAN_VERSION, Mode
 
-__all__ = ["Group", "Item", "Workload", "load_plan", "load_plans", "items_of", "PLAN_SCHEMA"]
-
-PLAN_SCHEMA = "gpufleet.serve.plan"
-PLAN_VERSION = 1
-MODES = ("aggregated", "disaggregated")
+__all__ = ["Group", "Item", "Workload", "load_plan", "load_plans", "items_of"]
 
 
 @dataclass(frozen=True)
@@ -54,7 +51,7 @@ class Item:
 @dataclass
 class Workload:
     name: str
-    mode: str
+    mode: Mode
     gpus: int
     groups: list[Group]
     source: str = ""
@@ -106,16 +103,16 @@ def parse_plan(doc: Any, source: str) -> Workload:
         groups.append(Group(name, gid, role, _int(g.get("gpus"), f"{w}: groups[{i}].gpus"),
                             None if pd is None else str(pd)))
     if mode is None:
-        mode = "disaggregated" if any(g.pd_group for g in groups) else "aggregated"
-    if mode not in MODES:
-        raise UsageError(f"{w}: mode must be one of {', '.join(MODES)} (got {mode!r})")
+        mode = Mode.DISAGGREGATED if any(g.pd_group for g in groups) else Mode.AGGREGATED
+    if mode not in tuple(Mode):
+        raise UsageError(f"{w}: mode must be one of {', '.join(Mode)} (got {mode!r})")
     total = sum(g.gpus for g in groups)
     if "gpus" in doc and _int(doc["gpus"], f"{w}: 'gpus'") != total:
         raise UsageError(f"{w}: 'gpus' is {doc['gpus']} but its groups hold {total} GPUs")
     anti = doc.get("anti_affinity", False)
     if not isinstance(anti, bool):
         raise UsageError(f"{w}: 'anti_affinity' must be true or false (got {anti!r})")
-    return Workload(name, mode, total, groups, source, anti, doc.get("feasible", True) is not False)
+    return Workload(name, Mode(mode), total, groups, source, anti, doc.get("feasible", True) is not False)
 
 
 def load_plan(path: Path) -> Workload:

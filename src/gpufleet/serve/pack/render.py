@@ -12,6 +12,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpufleet.serve.pack.solver import Solver
+
 if TYPE_CHECKING:
     from rich.table import Table
 
@@ -27,13 +29,13 @@ def _num(x: float) -> str:
 def headline(r: PackResult) -> str:
     """One line: status, cost, bound, gap, time, solver settings."""
     used = sum(1 for x in r.loads() if x)
-    how = ("first-fit decreasing" if r.params.get("solver") == "ffd" else
+    how = ("first-fit decreasing" if r.params.get("solver") == Solver.FFD else
            f"CP-SAT, {r.params.get('num_workers')} workers, seed {r.params.get('seed')}, "
            f"limit {r.params.get('time_limit_s'):g}s")
     s = (f"{r.status}: cost {_num(r.cost)} ({used}/{len(r.fleet)} domains, {sum(r.loads())} GPUs placed, "
          f"fragmentation {r.fragmentation}), bound {_num(r.bound)}, gap {r.gap:.1%}; "
          f"placement by {r.method}; {r.solve_s:.2f}s ({how})")
-    if r.ffd_cost is not None and r.method != "ffd":
+    if r.ffd_cost is not None and r.method != Solver.FFD:
         s += f"; FFD alone: cost {_num(r.ffd_cost)}, gap {r.ffd_gap or 0.0:.1%}"
     return s
 

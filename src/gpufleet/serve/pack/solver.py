@@ -12,6 +12,7 @@ solution and FFD is returned with the gap to CP-SAT's best bound. OR-Tools is im
 
 from __future__ import annotations
 
+import enum
 import math
 import time
 from collections import defaultdict
@@ -23,11 +24,26 @@ from gpufleet.core.errors import GpufleetError, UsageError
 from gpufleet.serve.common.racks import Domain
 from gpufleet.serve.pack.plans import Item, Workload, items_of
 
-__all__ = ["PackError", "PackInfeasible", "PackResult", "pack", "ffd", "capacity_bound", "SCHEMA"]
+__all__ = ["PackError", "PackInfeasible", "PackResult", "PackStatus", "Solver", "pack", "ffd",
+           "capacity_bound", "SCHEMA"]
 
 SCHEMA = "gpufleet.serve.placement"
 VERSION = 1
-SOLVERS = ("cp-sat", "ffd")
+
+
+class Solver(enum.StrEnum):
+    """``--solver``: CP-SAT (with first-fit decreasing as its hint and fallback), or FFD alone."""
+
+    CP_SAT = "cp-sat"
+    FFD = "ffd"
+
+
+class PackStatus(enum.StrEnum):
+    """How good the placement is known to be."""
+
+    OPTIMAL = "OPTIMAL"  # CP-SAT proved it optimal
+    FEASIBLE = "FEASIBLE"  # the time limit hit first: the best placement found, the gap stated
+    FFD = "FFD"  # first-fit decreasing alone, bound = the capacity bound (no CP-SAT run)
 
 
 class PackError(GpufleetError):
@@ -44,8 +60,8 @@ class PackResult:
     workloads: list[Workload]
     items: list[Item]
     assign: list[int]  # item index → domain index
-    method: str  # "cp-sat" | "ffd"
-    status: str  # OPTIMAL | FEASIBLE (time limit: best found, gap stated) | FFD (no CP-SAT run)
+    method: Solver  # what found this placement
+    status: PackStatus
     cost: float
     bound: float
     solve_s: float
@@ -57,7 +73,9 @@ class PackResult:
     @property
     def gap(self) -> float:
         """(cost − bound) / bound: how far above the optimum this placement can at most be."""
-        return 0.0 if self.status == "OPTIMAL" or self.bound <= 0 else (self.cost - self.bound) / self.bound
+        if self.status == PackStatus.OPTIMAL or self.bound <= 0:
+            return 0.0
+        return (self.cost - self.bound) / self.bound
 
     @property
     def ffd_gap(self) -> float | None:
@@ -286,10 +304,12 @@ def _solve(items: Sequence[Item], fleet: Sequence[Domain], anti: Sequence[bool],
 
 
 def pack(workloads: Sequence[Workload], fleet: Sequence[Domain], *, anti_affinity: bool = False,
-         time_limit: float = 10.0, workers: int = 8, seed: int = 0, solver: str = "cp-sat") -> PackResult:
+         time_limit: float = 10.0, workers: int = 8, seed: int = 0,
+         solver: Solver | str = Solver.CP_SAT) -> PackResult:
     """Place every workload's items into ``fleet`` at the lowest cost (see the module doc)."""
-    if solver not in SOLVERS:
-        raise ValueError(f"solver must be one of {', '.join(SOLVERS)} (got {solver!r})")
+    if solver not in tuple(Solver):
+        raise ValueError(f"solver must be one of {', '.join(Solver)} (got {solver!r})")
+    solver = Solver(solver)
     if not fleet:
         raise PackInfeasible("the fleet is empty")
     fleet, wls = list(fleet), list(workloads)
@@ -301,16 +321,16 @@ def pack(workloads: Sequence[Workload], fleet: Sequence[Domain], *, anti_affinit
     params = {"solver": solver, "time_limit_s": time_limit, "num_workers": workers, "seed": seed,
               "anti_affinity": anti_affinity}
     _precheck(items, fleet, anti)
-    if solver == "cp-sat":
+    if solver == Solver.CP_SAT:
         _ortools()
     t0 = time.perf_counter()
     f_assign = ffd(items, fleet, anti)
     f_cost = _cost(fleet, f_assign) if f_assign is not None else None
     cap_lb = capacity_bound(items, fleet)
-    if solver == "ffd":
+    if solver == Solver.FFD:
         if f_assign is None or f_cost is None:
             raise PackInfeasible(f"first-fit decreasing found no placement; {_shortfall(items, fleet, anti)}")
-        return PackResult(fleet, wls, items, f_assign, "ffd", "FFD", f_cost, cap_lb,
+        return PackResult(fleet, wls, items, f_assign, Solver.FFD, PackStatus.FFD, f_cost, cap_lb,
                           time.perf_counter() - t0, f_cost, params=params,
                           notes=["bound: capacity bound (no CP-SAT run)"])
     status, c_assign, bound, info = _solve(items, fleet, anti, f_assign, time_limit, workers, seed)
@@ -320,18 +340,18 @@ def pack(workloads: Sequence[Workload], fleet: Sequence[Domain], *, anti_affinit
                              f"or anti-affinity constraints conflict; {_shortfall(items, fleet, anti)}")
     bound = max(bound, cap_lb)
     if status == "OPTIMAL" and c_assign is not None:
-        return PackResult(fleet, wls, items, c_assign, "cp-sat", "OPTIMAL", _cost(fleet, c_assign), bound,
-                          elapsed, f_cost, info, params)
+        return PackResult(fleet, wls, items, c_assign, Solver.CP_SAT, PackStatus.OPTIMAL,
+                          _cost(fleet, c_assign), bound, elapsed, f_cost, info, params)
     notes = [f"CP-SAT stopped at the {time_limit:g}s time limit ({status}) before proving optimality"]
-    cands = [(c, a, meth) for c, a, meth in ((info.get("objective"), c_assign, "cp-sat"),
-                                             (f_cost, f_assign, "ffd")) if a is not None and c is not None]
+    tried = ((info.get("objective"), c_assign, Solver.CP_SAT), (f_cost, f_assign, Solver.FFD))
+    cands = [(c, a, meth) for c, a, meth in tried if a is not None and c is not None]
     if not cands:
         raise PackError(f"no placement found within the {time_limit:g}s time limit and first-fit found "
                         "none either; raise --time-limit")
-    cost, assign, method = min(cands, key=lambda x: (x[0], x[2] == "cp-sat"))  # CP-SAT only if cheaper
-    if method == "ffd":
+    cost, assign, method = min(cands, key=lambda x: (x[0], x[2] == Solver.CP_SAT))  # CP-SAT only if cheaper
+    if method == Solver.FFD:
         notes.append("using the first-fit-decreasing placement (fallback)")
     if cost <= bound + 1e-9:
         notes.append("its cost equals the lower bound: optimal in cost (fragmentation tie-break unproven)")
-    return PackResult(fleet, wls, items, assign, method, "FEASIBLE", cost, bound, elapsed, f_cost, info,
-                      params, notes)
+    return PackResult(fleet, wls, items, assign, method, PackStatus.FEASIBLE, cost, bound, elapsed, f_cost,
+                      info, params, notes)

@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from gpufleet.serve.common.plan_format import Mode
 from gpufleet.serve.plan.model import Candidate, PlanOptions
 from gpufleet.serve.plan.profile import Profile, TpProfile
 from gpufleet.serve.plan.sim import (
     Requests,
     SimResult,
-    Slo,
     evaluate,
     simulate_aggregated,
     simulate_disaggregated,
@@ -24,7 +24,7 @@ from gpufleet.serve.plan.traffic import Traffic
 
 
 def simulate(c: Candidate, prof: Profile, req: Requests, kv_gbps: float) -> SimResult:
-    if c.mode == "aggregated":
+    if c.mode == Mode.AGGREGATED:
         return simulate_aggregated(req, prof.tps[c.tp], c.replicas, c.max_batch, c.chunk)
     return simulate_disaggregated(
         req,
@@ -69,10 +69,6 @@ def initial_guess(tp: TpProfile, li: float, lo: float) -> float:
     return 1000.0 / max(tp.prefill_ms(li, li * li) + lo * tp.decode_ms(li + lo / 2, 1), 1e-6)
 
 
-def phase_slo(slo: Slo, metric: str) -> Slo:
-    return Slo({k: v for k, v in slo.limits.items() if k == metric}, slo.attainment)
-
-
 def _system_requests(c: Candidate, traffic: Traffic, opts: PlanOptions) -> Requests:
     """The requests a whole deployment is judged on (same for its max rate and its check)."""
     n = min(max(opts.n_sim, 200 * (c.replicas or (c.p_replicas + c.d_replicas))), 20000)
@@ -94,14 +90,14 @@ def verify(c: Candidate, prof: Profile, traffic: Traffic, opts: PlanOptions) -> 
     u = _system_requests(c, traffic, opts)
     res = simulate(c, prof, scaled(u, traffic.rate), opts.kv_gbps)
     ev = evaluate(res, opts.slo)
-    ev["ttft_ok"] = evaluate(res, phase_slo(opts.slo, "ttft"))["passed"]
-    ev["tpot_ok"] = evaluate(res, phase_slo(opts.slo, "tpot"))["passed"]
+    ev["ttft_ok"] = evaluate(res, opts.slo.only("ttft"))["passed"]
+    ev["tpot_ok"] = evaluate(res, opts.slo.only("tpot"))["passed"]
     return ev
 
 
 def size_replicas(c: Candidate, prof: Profile, traffic: Traffic, opts: PlanOptions) -> Candidate:
     """Adjust replica counts until the full deployment passes at the target rate (or give up)."""
-    agg = c.mode == "aggregated"
+    agg = c.mode == Mode.AGGREGATED
     tried: dict[tuple[int, int], dict[str, Any]] = {}
 
     def check(x: Candidate) -> dict[str, Any]:
@@ -139,10 +135,11 @@ def floor_note(c: Candidate, prof: Profile, traffic: Traffic, opts: PlanOptions)
     ev = evaluate(
         simulate(c, prof, scaled(u, max(c.unit_rate, 1e-3, traffic.rate * 1e-3)), opts.kv_gbps), opts.slo
     )
+    pct = {m: (f"p{opts.slo.percentile(m):g}", lim.seconds * 1000) for m, lim in opts.slo.limits.items()}
     worst = [
-        f"{m.upper()} p{q:g} {ev[m + '_ms'][f'p{int(q)}']:.0f} ms > {lim * 1000:.0f} ms"
-        for m, (q, lim) in opts.slo.limits.items()
-        if ev[m + "_ms"][f"p{int(q)}"] > lim * 1000
+        f"{m.upper()} {q} {ev[m + '_ms'][q]:.0f} ms > {lim_ms:.0f} ms"
+        for m, (q, lim_ms) in pct.items()
+        if ev[m + "_ms"][q] > lim_ms
     ]
     note = "infeasible even at low load: " + ("; ".join(worst) or "attainment below target")
     return replace(c, feasible=False, note=note, eval=ev)

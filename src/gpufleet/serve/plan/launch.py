@@ -9,14 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.core.errors import UsageError
+from gpufleet.serve.common.plan_format import PLAN_SCHEMA, PLAN_VERSION, Mode
 from gpufleet.serve.plan.planner import Candidate, PlanOptions, PlanResult, pd_units
 from gpufleet.serve.plan.profile import Profile
 from gpufleet.serve.plan.traffic import Traffic
 
 __all__ = [
-    "PLAN_SCHEMA",
-    "PLAN_VERSION",
-    "RACKS",
     "pd_units",
     "groups",
     "launch",
@@ -25,13 +23,10 @@ __all__ = [
     "pareto_png",
 ]
 
-PLAN_SCHEMA = "gpufleet.serve.plan"
-PLAN_VERSION = 1
-RACKS = {"nvl72": 72, "nvl36": 36, "node8": 8}
 
 
 def groups(c: Candidate, domain_gpus: int) -> list[dict[str, Any]]:
-    if c.mode == "aggregated":
+    if c.mode == Mode.AGGREGATED:
         return [
             {"id": f"r{i}", "role": "replica", "tp": c.tp, "gpus": c.tp, "pd_group": None}
             for i in range(c.replicas)
@@ -69,7 +64,7 @@ def _vllm(
 
 def launch(c: Candidate, prof: Profile, domain_gpus: int) -> dict[str, Any]:
     """vLLM arguments (aggregated: one command per replica) or a P/D deployment description."""
-    if c.mode == "aggregated":
+    if c.mode == Mode.AGGREGATED:
         tokens = c.chunk or prof.tps[c.tp].prefill_max_tokens
         return {
             "vllm_args": _vllm(prof.model, c.tp, c.max_batch, tokens, chunked=c.chunk > 0),
@@ -114,7 +109,6 @@ def plan_document(
     opts: PlanOptions,
     workload: str,
     domain: dict[str, Any],
-    slo_keys: dict[str, str],
 ) -> dict[str, Any]:
     c = res.chosen
     price = opts.price_per_gpu_hour
@@ -133,7 +127,8 @@ def plan_document(
         "price_per_gpu_hour": price,
         "cost_per_hour": round(c.gpus * price, 4) if price else None,
         "slo": {
-            **{slo_keys[m]: round(lim * 1000, 3) for m, (_, lim) in opts.slo.limits.items()},
+            **{f"{m}_p{opts.slo.percentile(m):g}_ms": round(lim.seconds * 1000, 3)
+               for m, lim in opts.slo.limits.items()},
             "attainment": opts.slo.attainment,
         },
         "traffic": traffic.describe(),
@@ -172,9 +167,9 @@ def candidate_from_plan(path: Path) -> tuple[Candidate, dict[str, Any]]:
         raise UsageError(f"plan {path.name}: not a {PLAN_SCHEMA} version {PLAN_VERSION} file")
     cfg = doc.get("config") or {}
     try:
-        if cfg["mode"] == "aggregated":
+        if cfg["mode"] == Mode.AGGREGATED:
             c = Candidate(
-                "aggregated",
+                Mode.AGGREGATED,
                 tp=int(cfg["tp"]),
                 replicas=int(cfg["replicas"]),
                 max_batch=int(cfg["max_batch"]),
@@ -183,7 +178,7 @@ def candidate_from_plan(path: Path) -> tuple[Candidate, dict[str, Any]]:
         else:
             p, d = cfg["prefill"], cfg["decode"]
             c = Candidate(
-                "disaggregated",
+                Mode.DISAGGREGATED,
                 p_tp=int(p["tp"]),
                 p_replicas=int(p["replicas"]),
                 p_batch=int(p["max_batch"]),
@@ -205,7 +200,7 @@ def pareto_png(res: PlanResult, path: Path, title: str) -> None:
 
     pts = [(c.gpus, float(c.eval["slack"]), c) for c in res.candidates if "slack" in c.eval and c.gpus]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for mode, color in (("aggregated", "tab:blue"), ("disaggregated", "tab:orange")):
+    for mode, color in ((Mode.AGGREGATED, "tab:blue"), (Mode.DISAGGREGATED, "tab:orange")):
         xs = [(g, s) for g, s, c in pts if c.mode == mode]
         if xs:
             ax.scatter([g for g, _ in xs], [max(s, -1.0) for _, s in xs], c=color, label=mode, alpha=0.7)

@@ -7,20 +7,21 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufleet.serve.plan.sim import Slo
+from gpufleet.serve.common.plan_format import Mode
+from gpufleet.serve.common.slo import SLO
 
 __all__ = ["PlanOptions", "Candidate", "PlanResult", "pd_units"]
 
 
 @dataclass(frozen=True)
 class PlanOptions:
-    slo: Slo
+    slo: SLO
     domain_gpus: int = 8
     price_per_gpu_hour: float | None = None
     kv_gbps: float = 100.0  # P->D KV-cache transfer bandwidth, GB/s
     n_sim: int = 1500  # requests per single-instance simulation
     max_gpus: int = 1024
-    modes: tuple[str, ...] = ("aggregated", "disaggregated")
+    modes: tuple[Mode, ...] = (Mode.AGGREGATED, Mode.DISAGGREGATED)
     seed: int = 0
     rel_tol: float = 0.02
     size_top: int = 10  # shapes simulated at full scale (the rest keep their estimate)
@@ -29,7 +30,7 @@ class PlanOptions:
 
 @dataclass
 class Candidate:
-    mode: str
+    mode: Mode
     tp: int = 0  # aggregated
     replicas: int = 0
     max_batch: int = 0
@@ -48,12 +49,12 @@ class Candidate:
 
     @property
     def gpus(self) -> int:
-        if self.mode == "aggregated":
+        if self.mode == Mode.AGGREGATED:
             return self.tp * self.replicas
         return self.p_tp * self.p_replicas + self.d_tp * self.d_replicas
 
     def label(self) -> str:
-        if self.mode == "aggregated":
+        if self.mode == Mode.AGGREGATED:
             chunk = f", chunk {self.chunk}" if self.chunk else ""
             return f"agg {self.replicas}x(TP{self.tp}, batch {self.max_batch}{chunk})"
         return (
@@ -62,7 +63,7 @@ class Candidate:
         )
 
     def config(self) -> dict[str, Any]:
-        if self.mode == "aggregated":
+        if self.mode == Mode.AGGREGATED:
             return {
                 "mode": self.mode,
                 "tp": self.tp,

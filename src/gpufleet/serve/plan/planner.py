@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from gpufleet.serve.common.plan_format import Mode
 from gpufleet.serve.plan.evaluate import simulate, size_replicas, system_max_rate, verify
 from gpufleet.serve.plan.model import Candidate, PlanOptions, PlanResult, pd_units
 from gpufleet.serve.plan.profile import Profile
@@ -55,9 +56,9 @@ def _reason(c: Candidate, best: Candidate, opts: PlanOptions) -> str:
 def plan(prof: Profile, traffic: Traffic, opts: PlanOptions, runners_up: int = 5) -> PlanResult:
     u = traffic.unit(opts.n_sim, opts.seed)
     cands: list[Candidate] = []
-    if "aggregated" in opts.modes:
+    if Mode.AGGREGATED in opts.modes:
         cands += aggregated_shapes(prof, traffic, opts, u)
-    if "disaggregated" in opts.modes:
+    if Mode.DISAGGREGATED in opts.modes:
         cands += disaggregated_shapes(prof, traffic, opts, u)
     # size the most promising shapes at full scale (estimated GPUs from single-instance rates)
     est = sorted((c for c in cands if c.unit_rate > 0), key=lambda c: (c.gpus, -c.unit_rate))
@@ -67,7 +68,7 @@ def plan(prof: Profile, traffic: Traffic, opts: PlanOptions, runners_up: int = 5
         else:
             c.note = f"estimated {c.gpus} GPUs from 1 instance's max rate (not sized, rank > {opts.size_top})"
     for c in cands:
-        if c.feasible and c.mode == "disaggregated" and pd_units(c, opts.domain_gpus) is None:
+        if c.feasible and c.mode == Mode.DISAGGREGATED and pd_units(c, opts.domain_gpus) is None:
             c.feasible, c.note = False, f"no P/D unit fits one {opts.domain_gpus}-GPU NVLink domain"
     ok = [c for c in cands if c.feasible]
     ok.sort(key=lambda c: (c.gpus, -c.unit_rate))
@@ -105,7 +106,7 @@ def replan(current: Candidate, prof: Profile, window: Traffic, opts: PlanOptions
         "attainment_now": round(float(now["attainment"]), 4),
         "passes_now": bool(now["passed"]),
     }
-    if current.mode == "aggregated":
+    if current.mode == Mode.AGGREGATED:
         sized = size_replicas(replace(current, replicas=1), prof, window, opts)
         res.update(proposed=sized.label(), proposed_gpus=sized.gpus, feasible=sized.feasible)
         res["action"] = (

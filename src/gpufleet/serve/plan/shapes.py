@@ -8,7 +8,8 @@ import math
 
 import numpy as np
 
-from gpufleet.serve.plan.evaluate import bisect_max_rate, floor_note, initial_guess, phase_slo, scaled
+from gpufleet.serve.common.plan_format import Mode
+from gpufleet.serve.plan.evaluate import bisect_max_rate, floor_note, initial_guess, scaled
 from gpufleet.serve.plan.model import Candidate, PlanOptions
 from gpufleet.serve.plan.profile import Profile, TpProfile
 from gpufleet.serve.plan.sim import Requests, evaluate, simulate_aggregated, simulate_disaggregated
@@ -41,7 +42,7 @@ def aggregated_shapes(prof: Profile, traffic: Traffic, opts: PlanOptions, u: Req
                 opts.rel_tol,
             )
             c = Candidate(
-                "aggregated", tp=tp.tp, replicas=1, max_batch=b, chunk=opts.chunked_prefill, unit_rate=r1
+                Mode.AGGREGATED, tp=tp.tp, replicas=1, max_batch=b, chunk=opts.chunked_prefill, unit_rate=r1
             )
             if r1 <= 0:
                 out.append(floor_note(c, prof, traffic, opts))
@@ -57,7 +58,7 @@ def aggregated_shapes(prof: Profile, traffic: Traffic, opts: PlanOptions, u: Req
 def disaggregated_shapes(prof: Profile, traffic: Traffic, opts: PlanOptions, u: Requests) -> list[Candidate]:
     li, lo = traffic.mean_lengths()
     tps = [t for t in sorted(prof.tps.values(), key=lambda t: t.tp) if t.tp <= opts.domain_gpus]
-    ttft_slo, tpot_slo = phase_slo(opts.slo, "ttft"), phase_slo(opts.slo, "tpot")
+    ttft_slo, tpot_slo = opts.slo.only("ttft"), opts.slo.only("tpot")
     zero_out = Requests(u.arrival, u.inp, np.ones_like(u.out))
     prefill: dict[int, float] = {}
     for tp in tps:
@@ -109,7 +110,7 @@ def disaggregated_shapes(prof: Profile, traffic: Traffic, opts: PlanOptions, u: 
             for ptp in [best_p]:
                 rp = prefill[ptp.tp]
                 c = Candidate(
-                    "disaggregated",
+                    Mode.DISAGGREGATED,
                     p_tp=ptp.tp,
                     p_replicas=1,
                     p_batch=ptp.max_batch,

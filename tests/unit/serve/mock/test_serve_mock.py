@@ -13,21 +13,10 @@ from typing import Any
 import pytest
 
 from gpufleet.core.errors import ConfigError
-from gpufleet.serve.mock.batching import BatchScheduler, MockConfig, count_tokens, parse_duration
+from gpufleet.serve.mock.batching import BatchScheduler, FailMode, MockConfig, TokenRule, count_tokens
 from gpufleet.serve.mock.server import MockServer
 
 # ------------------------------------------------------------------------------------ the model
-
-
-def test_parse_duration() -> None:
-    assert parse_duration("200ms") == pytest.approx(0.2)
-    assert parse_duration("0.5s") == 0.5
-    assert parse_duration("150us") == pytest.approx(150e-6)
-    assert parse_duration("1m") == 60.0
-    assert parse_duration("2") == 2.0
-    for bad in ("abc", "-1ms", "nanms", "inf"):
-        with pytest.raises(ConfigError):
-            parse_duration(bad, "--ttft")
 
 
 def test_count_tokens_rules() -> None:
@@ -47,6 +36,29 @@ def test_config_validates_and_model_formulas() -> None:
     for bad in ({"max_batch": 0}, {"fail_rate": 1.5}, {"fail_mode": "x"}, {"jitter": -1}, {"model": " "}):
         with pytest.raises(ConfigError):
             MockConfig(**bad)  # type: ignore[arg-type]
+    named = MockConfig(token_rule="chars4", fail_mode="mixed")  # type: ignore[arg-type]
+    assert named.token_rule is TokenRule.CHARS4 and named.fail_mode is FailMode.MIXED
+
+
+@pytest.mark.parametrize(
+    ("args", "expect"),
+    [
+        (["--ttft", "abc"], "--ttft: 'abc' is not a duration"),
+        (["--itl", "-1ms"], "--itl: '-1ms' is not a duration"),
+        (["--prefill-per-token", "5parsecs"], "--prefill-per-token"),
+        (["--fail-mode", "x"], "fail mode 'x' unknown; choose one of 500, midstream, disconnect, mixed"),
+        (["--token-rule", "bpe"], "token rule 'bpe' unknown; choose one of words, chars4"),
+    ],
+)
+def test_cli_bad_flags_are_one_line_exit_2(
+    args: list[str], expect: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpufleet.cli.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "mock", "--port", "0", *args])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and expect in err, err
 
 
 @pytest.mark.parametrize("rate", [0.0, 0.1, 0.25, 1 / 3, 0.5, 1.0])

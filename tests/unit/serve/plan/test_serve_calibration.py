@@ -6,21 +6,22 @@ from __future__ import annotations
 
 import pytest
 
+from gpufleet.serve.common.slo import SLO
 from gpufleet.serve.plan import planner as pl
 from gpufleet.serve.plan.evaluate import bisect_max_rate, scaled
 from gpufleet.serve.plan.profile import load_profile
-from gpufleet.serve.plan.sim import Slo, evaluate, simulate_aggregated, simulate_disaggregated
+from gpufleet.serve.plan.sim import evaluate, simulate_aggregated, simulate_disaggregated
 from gpufleet.serve.plan.traffic import parse_traffic
 
 FIG1 = "in=fixed:512;out=fixed:64;cv=1"
-BOTH = Slo({"ttft": (90, 0.4), "tpot": (90, 0.04)})
+BOTH = SLO.of(ttft=0.4, tpot=0.04, percentile=90)
 
 
 def test_calibrated_profile_reproduces_distserve_fig1_goodputs() -> None:
     prof = load_profile("opt-13b-a100-distserve")
     tp, kv = prof.tps[1], prof.kv_bytes_per_token
     u = parse_traffic(f"rate=1;{FIG1}").unit(3000, 1)
-    ttft, tpot = Slo({"ttft": (90, 0.4)}), Slo({"tpot": (90, 0.04)})
+    ttft, tpot = SLO.of(ttft=0.4, percentile=90), SLO.of(tpot=0.04, percentile=90)
 
     def prefill_only(r: float) -> bool:  # one prefill instance; decode never the bottleneck
         return bool(

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from gpufleet.core.errors import UsageError
+from gpufleet.serve.common.slo import SLO
 from gpufleet.serve.plan import launch as lm
 from gpufleet.serve.plan import planner as pl
 from gpufleet.serve.plan.profile import load_profile
-from gpufleet.serve.plan.sim import Slo
 from gpufleet.serve.plan.traffic import load_traffic, parse_traffic
 
-SLO = Slo({"ttft": (90, 0.25), "tpot": (90, 0.1)}, 0.9)
+PLAN_SLO = SLO.of(ttft=0.25, tpot=0.1, percentile=90, attainment=0.9)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -61,7 +61,7 @@ def test_traffic_spec_and_errors(tmp_path: Path) -> None:
 def test_plan_chooses_fewest_gpus_and_writes_schema() -> None:
     prof = load_profile("opt-13b-a100")
     tr = parse_traffic("rate=6;in=lognormal:256,0.8;out=lognormal:256,0.8")
-    res = pl.plan(prof, tr, pl.PlanOptions(SLO, n_sim=600, size_top=6))
+    res = pl.plan(prof, tr, pl.PlanOptions(PLAN_SLO, n_sim=600, size_top=6))
     assert res.feasible and res.chosen.gpus >= 1
     assert all(r.gpus >= res.chosen.gpus for r, _ in res.runners_up)
     assert res.chosen.max_rate >= 6.0 and res.chosen.eval["attainment"] >= 0.9
@@ -69,10 +69,9 @@ def test_plan_chooses_fewest_gpus_and_writes_schema() -> None:
         res,
         prof,
         tr,
-        pl.PlanOptions(SLO, price_per_gpu_hour=2.0),
+        pl.PlanOptions(PLAN_SLO, price_per_gpu_hour=2.0),
         "w",
         {"kind": "node", "gpus": 8, "name": "node8"},
-        {"ttft": "ttft_p90_ms", "tpot": "tpot_p90_ms"},
     )
     assert doc["schema"] == "gpufleet.serve.plan" and doc["version"] == 1
     assert sum(g["gpus"] for g in doc["groups"]) == doc["gpus"] == doc["config"]["gpus"]
@@ -98,7 +97,7 @@ def test_planned_shape_beats_naive_default_per_gpu() -> None:
     (aggregated TP1, max batch 256, sized by peak throughput), the P7 comparison."""
     prof = load_profile("opt-13b-a100")
     tr = parse_traffic("rate=20;in=lognormal:512,0.6;out=lognormal:256,0.6")
-    opts = pl.PlanOptions(Slo({"ttft": (90, 0.25), "tpot": (90, 0.03)}, 0.9), n_sim=600)
+    opts = pl.PlanOptions(SLO.of(ttft=0.25, tpot=0.03, percentile=90, attainment=0.9), n_sim=600)
     res = pl.plan(prof, tr, opts)
     assert res.feasible
     naive = pl.Candidate("aggregated", tp=1, replicas=8, max_batch=256, unit_rate=1.0)
@@ -109,14 +108,13 @@ def test_planned_shape_beats_naive_default_per_gpu() -> None:
 def test_chunked_prefill_plan_launches_what_it_modelled(tmp_path: Path) -> None:
     prof = load_profile("opt-13b-a100-distserve")
     tr = parse_traffic("rate=10;in=fixed:512;out=fixed:64;cv=1")
-    slo = Slo({"ttft": (90, 0.4), "tpot": (90, 0.04)}, 0.9)
+    slo = SLO.of(ttft=0.4, tpot=0.04, percentile=90, attainment=0.9)
     opts = pl.PlanOptions(slo, modes=("aggregated",), n_sim=600, chunked_prefill=512)
     res = pl.plan(prof, tr, opts)
     c = res.chosen
     assert c.feasible and c.chunk == 512 and "chunk 512" in c.label()
     assert all(x.chunk == 512 for x in res.candidates)
-    keys = {"ttft": "ttft_p90_ms", "tpot": "tpot_p90_ms"}
-    doc = lm.plan_document(res, prof, tr, opts, "fig1", {"name": "hgx8", "gpus": 8}, keys)
+    doc = lm.plan_document(res, prof, tr, opts, "fig1", {"name": "hgx8", "gpus": 8})
     args = doc["launch"]["vllm_args"]
     assert "--enable-chunked-prefill" in args and "--no-enable-chunked-prefill" not in args
     assert args[args.index("--max-num-batched-tokens") + 1] == "512"
@@ -129,7 +127,7 @@ def test_chunked_prefill_plan_launches_what_it_modelled(tmp_path: Path) -> None:
 
 def test_replan_rebalances_pd() -> None:
     prof = load_profile("opt-13b-a100")
-    slo = Slo({"ttft": (90, 0.5), "tpot": (90, 0.06)}, 0.9)
+    slo = SLO.of(ttft=0.5, tpot=0.06, percentile=90, attainment=0.9)
     cur = pl.Candidate("disaggregated", p_tp=1, p_replicas=1, p_batch=256, d_tp=1, d_replicas=3, d_batch=256)
     # prompts get much longer: the prefill side is now short
     win = parse_traffic("rate=3;in=lognormal:1500,0.3;out=lognormal:64,0.3")

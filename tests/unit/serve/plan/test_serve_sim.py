@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from gpufleet.serve.common.slo import SLO
 from gpufleet.serve.plan.profile import Coeffs, TpProfile
-from gpufleet.serve.plan.sim import Requests, Slo, evaluate, simulate_aggregated, simulate_disaggregated
+from gpufleet.serve.plan.sim import Requests, evaluate, simulate_aggregated, simulate_disaggregated
 
 TP = TpProfile(1, Coeffs(10.0, 0.1, 0.0), Coeffs(5.0, 0.0, 1.0), max_batch=64)
 
@@ -83,7 +84,7 @@ def test_kv_capacity_limits_admission() -> None:
 
 
 def test_evaluate_attainment_and_overload() -> None:
-    slo = Slo({"ttft": (90, 0.05), "tpot": (90, 0.02)}, 0.9)
+    slo = SLO.of(ttft=0.05, tpot=0.02, percentile=90, attainment=0.9)
     rng = np.random.default_rng(0)
     arr = np.cumsum(rng.exponential(1.0, 2000))
     light = simulate_aggregated(Requests(arr / 5, np.full(2000, 100), np.full(2000, 11)), TP, 1, 64)
