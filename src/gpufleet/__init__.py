@@ -43,6 +43,8 @@ __all__ = [
     "EarlyStopping",
     "RNGState",
     "StepSampler",
+    "resumable",
+    "ResumableLoader",
     "GpufleetError",
     "UsageError",
     "ConfigError",
@@ -73,6 +75,10 @@ def __getattr__(name: str) -> Any:
         from gpufleet.train.run import Run
 
         return Run
+    if name in ("resumable", "ResumableLoader"):
+        from gpufleet.train import data
+
+        return getattr(data, name)
     if name in ("EarlyStopping", "RNGState", "StepSampler"):
         from gpufleet.train import state
 

@@ -18,6 +18,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.utils.data import DataLoader
 
 from gpufleet.core.errors import ConfigError
 
@@ -31,6 +32,12 @@ class StateMapper:
         for k in state:
             if not isinstance(k, str) or "." in k or k.startswith("_gpufleet"):
                 raise ConfigError(f"state key {k!r} must be a string without dots (and not _gpufleet*)")
+        for k, v in state.items():
+            if isinstance(v, DataLoader) and not hasattr(v, "state_dict"):
+                raise ConfigError(
+                    f"state[{k!r}] is a DataLoader, whose position cannot be saved: put "
+                    f"gpufleet.resumable(loader) there and take batches from it with next()"
+                )
         self.state = state
         self.rank = rank
         modules = [k for k, v in state.items() if isinstance(v, torch.nn.Module)]
