@@ -85,6 +85,8 @@ def render(summary: dict[str, Any], console: Console | None = None) -> None:
     m = s["mttr"]
     head.add_row("MTTR", f"{fmt_s(m['mean_s'])}  (p50 {fmt_s(m['p50_s'])}, max {fmt_s(m['max_s'])})")
     head.add_row("restarts / rollbacks", f"{s['restarts']} / {s['rollbacks']}")
+    if s.get("skipped_windows"):
+        head.add_row("skipped batches", f"{s['skipped_steps']} steps in {s['skipped_windows']} window(s)")
     con.print(head)
 
     if m["count"]:
