@@ -30,6 +30,7 @@ from typing import Any
 from gpufleet.backends.base import LaunchSpec
 from gpufleet.backends.local import LocalBackend
 from gpufleet.backends.process import ProcessAttempt
+from gpufleet.core.env import Env, read_env
 
 __all__ = ["main", "report_dir", "exit_report"]
 
@@ -63,7 +64,7 @@ class Agent:
         self._term = False
         self._usr1 = False
         self._worker_code: int | None = None
-        self.reports = report_dir(spec.env["GPUFLEET_RUN_DIR"], spec.attempt)
+        self.reports = report_dir(spec.env[Env.RUN_DIR], spec.attempt)
 
     def _on_signal(self, signum: int, frame: object) -> None:
         if signum == signal.SIGUSR1:
@@ -144,15 +145,15 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def main() -> int:
-    raw = os.environ.get("GPUFLEET_AGENT_SPEC")
+    raw = os.environ.get(Env.AGENT_SPEC)
     if not raw:
         print("gpufleet agent: $GPUFLEET_AGENT_SPEC is not set (the srun backend sets it)", file=sys.stderr)
         return 2
     spec = LaunchSpec(**json.loads(raw))
     if spec.log_dir is None:  # worker output must never reach stdout: that is the event channel
-        spec.log_dir = os.path.join(spec.env["GPUFLEET_RUN_DIR"], "logs")
+        spec.log_dir = os.path.join(spec.env[Env.RUN_DIR], "logs")
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    grace = float(os.environ.get("GPUFLEET_AGENT_GRACE", "5"))
+    grace = read_env(Env.AGENT_GRACE, float, 5.0)
     return Agent(spec, node, grace).run()
 
 

@@ -21,6 +21,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from gpufleet.core.env import Env
 from gpufleet.core.ledger import EventSink
 
 __all__ = ["LaunchSpec", "Worker", "EventChannel", "Attempt", "Verdict", "CONTINUE", "Backend"]
@@ -57,7 +58,7 @@ class LaunchSpec:
             "GROUP_RANK": str(self.node_rank),
             "MASTER_ADDR": self.master_addr,
             "MASTER_PORT": str(self.master_port),
-            "GPUFLEET_ATTEMPT": str(self.attempt),
+            Env.ATTEMPT: str(self.attempt),
         }
 
 

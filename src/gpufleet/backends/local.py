@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from gpufleet.backends.base import Backend, LaunchSpec, Worker
 from gpufleet.backends.process import ProcessAttempt, send_signal
+from gpufleet.core.env import Env
 
 __all__ = ["LocalBackend", "python_entry"]
 
@@ -54,7 +55,7 @@ class LocalBackend(Backend):
             return
         while len(self._standbys) < spec.nproc_per_node:
             r, w = os.pipe()
-            env = {**os.environ, **spec.env, "GPUFLEET_CONTROL_FD": str(w)}
+            env = {**os.environ, **spec.env, Env.CONTROL_FD: str(w)}
             proc = subprocess.Popen(
                 [self.python, "-m", "gpufleet.train.standby"],
                 stdin=subprocess.PIPE,
@@ -74,7 +75,7 @@ class LocalBackend(Backend):
             if sb is not None and entry is not None and sb.proc.stdin is not None:
                 argv, is_module = entry
                 order = {
-                    "env": {**env, "GPUFLEET_CONTROL_FD": str(sb.write_fd)},
+                    "env": {**env, Env.CONTROL_FD: str(sb.write_fd)},
                     "argv": argv,
                     "module": is_module,
                     "log": _prepare_log(spec.log_path(rank)),
@@ -89,8 +90,8 @@ class LocalBackend(Backend):
             full_env = {
                 **os.environ,
                 **env,
-                "GPUFLEET_CONTROL_FD": str(w),
-                "GPUFLEET_SPAWN_T": str(time.time()),
+                Env.CONTROL_FD: str(w),
+                Env.SPAWN_T: str(time.time()),
             }
             log = _prepare_log(spec.log_path(rank))
             out = open(log, "ab") if log else None  # noqa: SIM115 - handed to the child, closed right after
