@@ -41,7 +41,7 @@ class RequestRecord:
     e2e_s: float | None = None
     output_tokens: int | None = None
     prompt_tokens: int | None = None
-    token_source: str = ""  # usage | tokenizer | max_tokens | estimate
+    token_source: TokenSource | Literal[""] = ""  # "": no tokens counted (the request failed)
     input_tokens_asked: int = 0
     output_tokens_asked: int = 0
     chunks: int = 0  # non-empty content chunks
@@ -67,6 +67,10 @@ class RequestRecord:
             return None
         return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
 
+
+TokenSource = Literal["usage", "max_tokens", "tokenizer", "estimate"]
+"""Where an output token count came from, most to least exact."""
+TOKEN_SOURCES: tuple[TokenSource, ...] = get_args(TokenSource)
 
 Api = Literal["chat", "completions"]
 """Which OpenAI endpoint: ``/v1/chat/completions`` or ``/v1/completions``."""

@@ -21,13 +21,13 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from gpufleet.serve.bench.client import RequestRecord
+from gpufleet.serve.bench.client import TOKEN_SOURCES, RequestRecord
 from gpufleet.serve.common.slo import SLO
 
 __all__ = ["percentiles", "summarize_records", "PCTS", "TOKEN_SOURCE_ORDER", "DEFAULT_MAX_LAG_MS"]
 
 PCTS = (50, 90, 95, 99)
-TOKEN_SOURCE_ORDER = ("usage", "max_tokens", "tokenizer", "estimate")  # most to least exact
+TOKEN_SOURCE_ORDER = TOKEN_SOURCES  # most to least exact
 DEFAULT_MAX_LAG_MS = 5.0
 MIN_SEND_RATE_RATIO = 0.95
 

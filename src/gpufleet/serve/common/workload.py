@@ -20,6 +20,7 @@ import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from gpufleet.core.errors import UsageError
 
@@ -57,11 +58,14 @@ _WORDS = (
 ).split()
 
 
+DistKind = Literal["fixed", "uniform", "lognormal"]
+
+
 @dataclass(frozen=True)
 class LengthDist:
     """A token-length distribution: ``fixed:N``, ``uniform:A-B`` or ``lognormal:MEDIAN,SIGMA``."""
 
-    kind: str
+    kind: DistKind
     a: float
     b: float = 0.0
 
