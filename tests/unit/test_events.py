@@ -82,6 +82,8 @@ def test_keyword_emit_is_validated_through_the_registry(tmp_path) -> None:
             led.emit(E.Step(step="3", dt=0.5))  # type: ignore[arg-type]
         with pytest.raises(TypeError, match="no keyword fields"):
             led.emit(E.Step(step=3, dt=0.5), loss=1.0)  # type: ignore[call-arg]
+        with pytest.raises(E.EventSchemaError, match="worker pipe only"):
+            led.emit(E.Heartbeat(step=3))
     assert [e["step"] for e in read_events(tmp_path)] == [3]  # nothing invalid was written
     with pytest.raises(E.EventSchemaError):
         NullSink().emit("step", stepp=1)  # ranks that discard events still validate them

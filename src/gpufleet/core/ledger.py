@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpufleet.core.events import Event, make_event, parse_event, to_record
+from gpufleet.core.events import Event, EventSchemaError, make_event, parse_event, to_record
 
 __all__ = [
     "EventSink",
@@ -81,7 +81,10 @@ class Ledger:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def emit(self, event: Event | str, /, **fields: Any) -> None:
-        self.write_raw(_encode(as_event(event, fields), session=self.session))
+        ev = as_event(event, fields)
+        if not ev.in_ledger:
+            raise EventSchemaError(f"{ev.kind} events travel on the worker pipe only, never in the ledger")
+        self.write_raw(_encode(ev, session=self.session))
 
     def write_raw(self, line: bytes) -> None:
         """Append one already-encoded event line (used when relaying events from workers)."""
