@@ -412,7 +412,9 @@ class _ObservingSink:
         self._inner = inner
         self._observed = observed
 
-    def emit(self, event: E.Event) -> None:
+    def emit(self, event: E.Event | str, /, **fields: Any) -> None:
+        if isinstance(event, str):
+            event = E.make_event(event, **fields)
         match event:
             case E.CkptStaged(stall_s=stall_s):
                 self._observed["stall_s"] = stall_s
