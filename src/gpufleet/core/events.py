@@ -95,6 +95,36 @@ __all__ = [
     "SlurmBreakerOpen",
     "SlurmActionSkipped",
     "SlurmActionFailed",
+    # kind strings
+    "RUN_START",
+    "RUN_END",
+    "ATTEMPT_START",
+    "WORKER_READY",
+    "HEARTBEAT",
+    "STEP",
+    "EPOCH_END",
+    "FAILURE",
+    "DETECTED",
+    "TEARDOWN",
+    "RESTART",
+    "RESTORE",
+    "RESTORE_REJECTED",
+    "ROLLBACK",
+    "SPIKE",
+    "SKIP",
+    "GIVE_UP",
+    "NODE_LOST",
+    "CKPT_STAGED",
+    "CKPT_COMMITTED",
+    "CKPT_UPLOADED",
+    "CKPT_VERIFIED",
+    "CKPT_FAILED",
+    "CKPT_SKIPPED",
+    "CKPT_DELETED",
+    "INTERVAL",
+    "INJECT",
+    "NODE_STATE",
+    "HEALTH_RESULT",
 ]
 
 LEDGER_VERSION = 1
@@ -655,26 +685,35 @@ EVENT_TYPES: dict[str, type[Event]] = {
 """Every event kind by its ``ev`` string."""
 
 # The kind strings, for readers that compare raw records (``rec["ev"] == E.STEP``).
-RUN_START, RUN_END, ATTEMPT_START, WORKER_READY = "run_start", "run_end", "attempt_start", "worker_ready"
-HEARTBEAT, STEP, EPOCH_END = "hb", "step", "epoch_end"
-FAILURE, DETECTED, TEARDOWN, RESTART = "failure", "detected", "teardown", "restart"
-RESTORE, RESTORE_REJECTED, ROLLBACK, SPIKE, SKIP, GIVE_UP = (
-    "restore",
-    "restore_rejected",
-    "rollback",
-    "spike",
-    "skip",
-    "give_up",
-)
-NODE_LOST = "node_lost"
-CKPT_STAGED, CKPT_COMMITTED, CKPT_UPLOADED = "ckpt_staged", "ckpt_committed", "ckpt_uploaded"
-CKPT_VERIFIED, CKPT_FAILED, CKPT_SKIPPED, CKPT_DELETED = (
-    "ckpt_verified",
-    "ckpt_failed",
-    "ckpt_skipped",
-    "ckpt_deleted",
-)
-INTERVAL, INJECT, NODE_STATE, HEALTH_RESULT = "interval", "inject", "node_state", "health_result"
+RUN_START = RunStart.kind
+RUN_END = RunEnd.kind
+ATTEMPT_START = AttemptStart.kind
+WORKER_READY = WorkerReady.kind
+HEARTBEAT = Heartbeat.kind
+STEP = Step.kind
+EPOCH_END = EpochEnd.kind
+FAILURE = Failure.kind
+DETECTED = Detected.kind
+TEARDOWN = Teardown.kind
+RESTART = Restart.kind
+RESTORE = Restore.kind
+RESTORE_REJECTED = RestoreRejected.kind
+ROLLBACK = Rollback.kind
+SPIKE = Spike.kind
+SKIP = Skip.kind
+GIVE_UP = GiveUp.kind
+NODE_LOST = NodeLost.kind
+CKPT_STAGED = CkptStaged.kind
+CKPT_COMMITTED = CkptCommitted.kind
+CKPT_UPLOADED = CkptUploaded.kind
+CKPT_VERIFIED = CkptVerified.kind
+CKPT_FAILED = CkptFailed.kind
+CKPT_SKIPPED = CkptSkipped.kind
+CKPT_DELETED = CkptDeleted.kind
+INTERVAL = Interval.kind
+INJECT = Inject.kind
+NODE_STATE = NodeState.kind
+HEALTH_RESULT = HealthResult.kind
 
 
 # ---------------------------------------------------------------------------------- schema checks
