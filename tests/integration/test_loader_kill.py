@@ -1,6 +1,7 @@
 """A plain DataLoader(shuffle=True, num_workers=2) under `gpufleet run -n 2`, killed mid-epoch by an
 external kill -9, ends bit-identical to an unkilled run and trains every batch exactly once
-(tests/integration/scripts/loader_train.py; real supervisor, gloo)."""
+(tests/integration/scripts/loader_train.py; real supervisor, gloo). A resume with a changed dataset
+ends the run with exit 2 instead of restarting."""
 
 from __future__ import annotations
 
@@ -101,3 +102,13 @@ def test_external_kill_mid_epoch_resumes_bit_identical(tmp_path: Path) -> None:
         for epoch_start in range(0, STEPS - PER_EPOCH + 1, PER_EPOCH):  # every full epoch: each sample once
             samples = [i for s in range(epoch_start, epoch_start + PER_EPOCH) for i in got[s]]
             assert sorted(samples) == list(range(200))
+
+
+def test_resuming_with_a_changed_dataset_ends_the_run_with_exit_2(tmp_path: Path) -> None:
+    first = subprocess.run(_cmd(tmp_path, "--num-workers", "0"), capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    changed = [a if a != str(STEPS) else str(STEPS + 10) for a in _cmd(tmp_path, "--num-workers", "0")]
+    p = subprocess.run([*changed, "--samples", "240"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stderr[-3000:]
+    assert "changed since the checkpoint (samples 200 -> 240" in p.stderr
+    assert not evs(tmp_path, "restart")  # terminal: no restart would fix it

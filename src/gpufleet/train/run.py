@@ -161,7 +161,12 @@ class Run:
 
     def restore(self, state: dict[str, Any]) -> int:
         """Load the newest verified checkpoint into ``state``'s objects; return the step to resume at."""
-        self._mapper = StateMapper(state, self.rank)
+        try:
+            self._mapper = StateMapper(state, self.rank)
+        except ConfigError as e:  # the same script fails the same way after a restart
+            if self.supervised:
+                _exit_config_error(str(e))
+            raise
         engine = self._ensure_engine()
         for opt in self._mapper.optimizers:
             opt.register_step_pre_hook(self._before_optimizer_step)
@@ -176,7 +181,12 @@ class Run:
             self._start = 0
         else:
             sd = result.state_dict
-            self._mapper.apply(sd)
+            try:
+                self._mapper.apply(sd)
+            except ConfigError as e:  # the objects no longer fit the checkpoint (a changed data loader)
+                if self.supervised:
+                    _exit_config_error(str(e))
+                raise
             internal = sd.get("_gpufleet", {})
             if "guard" in internal:
                 self._guard.load_state_dict(internal["guard"])

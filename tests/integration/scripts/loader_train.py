@@ -24,11 +24,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--num-workers", type=int, default=2)
     ap.add_argument("--sleep", type=float, default=0.0)
+    ap.add_argument("--samples", type=int, default=200)
     args = ap.parse_args()
     torch.manual_seed(0)
 
     run = gpufleet.init()
-    x = torch.randn(200, 16, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(args.samples, 16, generator=torch.Generator().manual_seed(1))
     y = x @ torch.randn(16, 1, generator=torch.Generator().manual_seed(2))
     data = TensorDataset(torch.arange(len(x)), x, y)
     # shuffle=True without a generator: the order comes from torch's global RNG, the hardest case

@@ -163,6 +163,19 @@ def test_iterable_dataset_replays_batches() -> None:
     _check_resumes(make, [2, 10, 11], total=25)
 
 
+def test_resume_with_another_num_workers_is_exact() -> None:
+    def make(nw: int) -> Callable[[], DataLoader]:
+        return lambda: DataLoader(
+            _ds(), BS, shuffle=True, generator=torch.Generator().manual_seed(5), num_workers=nw
+        )
+
+    reference = _take(_fresh(make(0)), 25)
+    w = _fresh(make(0))
+    got = _take(w, 13)
+    got += _take(_resume(make(2), _checkpoint(w)), 12)
+    assert got == reference
+
+
 def test_epochs_advance_and_set_epoch_is_called() -> None:
     sampler = DistributedSampler(_ds(), num_replicas=2, rank=0, seed=3)
     w = gpufleet.resumable(DataLoader(_ds(), BS, sampler=sampler))
