@@ -31,13 +31,13 @@ from pathlib import Path
 from gpufleet.backends.agent import exit_report
 from gpufleet.backends.base import CONTINUE, Attempt, Backend, LaunchSpec, Verdict, Worker
 from gpufleet.backends.process import ProcessAttempt
+from gpufleet.core import events as E
 from gpufleet.core.errors import ConfigError
 from gpufleet.core.ledger import EventSink
 
 __all__ = ["SrunBackend", "SrunAttempt", "hostnames", "node_addr", "REQUEUE_MARK"]
 
 REQUEUE_MARK = ".gpufleet-requeue"
-NODE_LOST = "node_lost"  # ledger event: node, attempt, reason
 
 
 def _slurm(argv: list[str], timeout: float = 15.0) -> str:
@@ -190,7 +190,7 @@ class SrunBackend(Backend):
         for node in lost:
             reason = f"agent vanished in attempt {number} and srun probe failed"
             job = os.environ.get("SLURM_JOB_ID")
-            ledger.emit(NODE_LOST, node=node, attempt=number, reason=reason, job=job)
+            ledger.emit(E.NodeLost(node=node, attempt=number, reason=reason, job=job))
             self._isolate(node, reason, ledger)
             self.healthy.remove(node)
             self.lost.append(node)
@@ -212,5 +212,5 @@ class SrunBackend(Backend):
         try:
             SlurmActions(sink=ledger).drain(node, "node-lost", reason, component="host")
         except SlurmError as e:
-            ledger.emit("slurm_action_failed", node=node, action="drain", error=str(e))
+            ledger.emit(E.SlurmActionFailed(node=node, action=E.SlurmActionKind.DRAIN, error=str(e)))
             print(f"gpufleet: could not drain {node}: {e}", file=sys.stderr)

@@ -225,7 +225,7 @@ def _supervisor_flags(ctx: typer.Context) -> list[str]:
 
 
 def _submit_slurm(config: SupervisorConfig, job: SlurmJob, supervisor_flags: list[str]) -> int:
-    from gpufleet.backends.slurm import SbatchSpec, exclusions, submit, write_sbatch
+    from gpufleet.backends.slurm import SbatchSpec, submit_batch
 
     spec = SbatchSpec(
         command=config.command,
@@ -237,14 +237,16 @@ def _submit_slurm(config: SupervisorConfig, job: SlurmJob, supervisor_flags: lis
         partition=job.partition,
         time=job.time_limit,
         job_name=job.job_name,
-        exclude=exclusions(list(job.exclude)),
+        exclude=list(job.exclude),  # submit_batch adds the node state log's
         supervisor_flags=supervisor_flags,
     )
-    path = write_sbatch(spec)
-    if not job.submit:
-        print(f"gpufleet: wrote {path} (not submitted; sbatch {path})", file=sys.stderr)
+    sub = submit_batch(spec, dry_run=not job.submit)
+    if sub.job_id is None:
+        print(f"gpufleet: wrote {sub.script} (not submitted; sbatch {sub.script})", file=sys.stderr)
         return 0
-    jobid = submit(path)
-    print(jobid)
-    print(f"gpufleet: submitted job {jobid} ({path}); see `gpufleet report {spec.run_dir}`", file=sys.stderr)
+    print(sub.job_id)
+    print(
+        f"gpufleet: submitted job {sub.job_id} ({sub.script}); see `gpufleet report {spec.run_dir}`",
+        file=sys.stderr,
+    )
     return 0

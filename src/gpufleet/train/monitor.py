@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -15,7 +17,7 @@ from gpufleet.core.ledger import Ledger
 __all__ = ["AttemptMonitor"]
 
 # Events every rank sends that the ledger keeps; all others are kept from rank 0 only.
-_ALL_RANKS = {E.WORKER_READY, E.INJECT}
+_ALL_RANKS = (E.WorkerReady, E.Inject)
 
 
 @dataclass
@@ -36,11 +38,12 @@ class AttemptMonitor:
     ready: set[int] = field(default_factory=set)
     spike_step: int | None = None
     spike_t: float | None = None  # wall time the loss guard fired (the failure's true start)
-    fired: list[dict[str, Any]] = field(default_factory=list)
+    fired: list[E.Inject] = field(default_factory=list)
     committed_step: int = -1
     config_error: str | None = None  # a worker's gpufleet.init() rejected its settings: the message
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=200))
     started: float = field(default_factory=time.monotonic)
+    _unknown: set[str] = field(default_factory=set)  # kinds of worker events that could not be typed
 
     def pump(self, timeout: float) -> None:
         """Take in whatever the workers sent within ``timeout`` seconds."""
@@ -53,47 +56,54 @@ class AttemptMonitor:
 
     def _handle(self, rec: dict[str, Any]) -> None:
         rank = int(rec["rank"])  # the channel names it (a node agent's carries several ranks)
-        ev = rec.get("ev")
-        now = time.monotonic()
-        if ev == "hb":
-            self.last_hb[rank] = now
-            self.last_hb_wall[rank] = rec.get("t", time.time())
-            self.phase[rank] = rec.get("phase", "step")
-            self.hb_step[rank] = int(rec.get("step", -1))
-            if rec.get("total") is not None:
-                self.total = rec["total"]
-            return
-        if ev == "config_error":  # the worker's last words before exit 78; not a ledger event
+        if rec.get("ev") == "config_error":  # the worker's last words before exit 78; not a ledger event
             self.config_error = self.config_error or str(rec.get("message", ""))
             return
-        if ev == E.WORKER_READY:
+        event = E.parse_event(rec)
+        now = time.monotonic()
+        if isinstance(event, E.Heartbeat):
+            self.last_hb[rank] = now
+            self.last_hb_wall[rank] = event.t
+            self.phase[rank] = str(event.phase or "step")
+            self.hb_step[rank] = event.step
+            if event.total is not None:
+                self.total = event.total
+            return
+        if isinstance(event, E.UnknownEvent):
+            self._ignore(event.ev, event.problem)
+            return
+        if isinstance(event, E.WorkerReady):
             self.ready.add(rank)
             self.last_hb[rank] = now
-            self.last_hb_wall[rank] = rec.get("t", time.time())
+            self.last_hb_wall[rank] = event.t
             self.phase[rank] = "init"
-        elif ev == E.STEP:
-            self.step = rec.get("step", self.step)
-            if "loss" in rec:
-                self.loss = rec["loss"]
-            if rec.get("dt") is not None:
-                self.step_times.append(float(rec["dt"]))
-        elif ev == E.SPIKE:
-            self.spike_step = int(rec["step"])
-            self.spike_t = float(rec.get("t", time.time()))
-        elif ev == E.INJECT:
-            self.fired.append(rec)
-        elif ev == E.CKPT_COMMITTED:
-            self.committed_step = max(self.committed_step, int(rec.get("step", -1)))
-        if rank == 0 or ev in _ALL_RANKS:
-            rec["attempt"] = self.attempt
-            rec.setdefault("rank", rank)
-            self.ledger.emit(rec.pop("ev"), **rec)
+        elif isinstance(event, E.Step):
+            self.step = event.step
+            if event.loss is not None:
+                self.loss = event.loss
+            self.step_times.append(event.dt)
+        elif isinstance(event, E.Spike):
+            self.spike_step = event.step
+            self.spike_t = event.t
+        elif isinstance(event, E.Inject):
+            self.fired.append(event)
+        elif isinstance(event, E.CkptCommitted):
+            self.committed_step = max(self.committed_step, event.step)
+        if event.in_ledger and (rank == 0 or isinstance(event, _ALL_RANKS)):
+            try:
+                self.ledger.emit(dataclasses.replace(event, rank=rank, attempt=self.attempt))
+            except E.EventSchemaError as e:  # read leniently, but the ledger only takes valid events
+                self._ignore(event.kind, str(e))
+
+    def _ignore(self, kind: str, why: str) -> None:
+        """A worker event that cannot be typed: say so once per kind, and never let it stop the run."""
+        if kind not in self._unknown:
+            self._unknown.add(kind)
+            print(f"gpufleet: ignoring a worker event ({why})", file=sys.stderr)
 
     def injected_at(self, rank: int, kind: str) -> float | None:
         """Wall time a drill fault of ``kind`` fired on ``rank`` in this attempt (when it really failed)."""
-        times = [
-            float(r["t"]) for r in self.fired if r.get("kind") == kind and r.get("rank") == rank and "t" in r
-        ]
+        times = [f.t for f in self.fired if f.fault == kind and f.rank == rank]
         return max(times) if times else None
 
     def hang_timeout(self, rank: int) -> float:

@@ -30,7 +30,7 @@ __all__ = ["SupervisorConfig", "Supervisor", "Outcome"]
 
 @dataclass
 class Outcome:
-    status: str  # completed | interrupted | no_progress | max_restarts | max_rollbacks | failed
+    status: E.RunStatus
     exit_code: int
     restarts: int
     run_dir: str
@@ -39,13 +39,21 @@ class Outcome:
 
 @dataclass
 class _Failure:
-    cause: str  # crash | hang | spike | config (not restarted)
+    cause: E.FailureCause
     rank: int
     exit_code: int | None = None
     signal: int | None = None
     happened_t: float | None = None
     detail: str = ""
     node: str | None = None  # multi-node backends: the node whose agent failed
+
+
+@dataclass
+class _ConfigError:
+    """A rank's ``gpufleet.init()`` rejected its settings: a restart would fail the same way."""
+
+    rank: int
+    message: str
 
 
 class Supervisor:
@@ -72,16 +80,17 @@ class Supervisor:
             view = LiveView(log_dir=str(self.run_dir / "logs"))
         try:
             ledger.emit(
-                E.RUN_START,
-                world_size=self.cfg.nproc,
-                nproc=self.cfg.nproc,
-                backend=self.cfg.backend,
-                command=self.cfg.command,
-                config=self.cfg.public(),
+                E.RunStart(
+                    world_size=self.cfg.nproc,
+                    nproc=self.cfg.nproc,
+                    backend=self.cfg.backend,
+                    command=tuple(self.cfg.command),
+                    config=self.cfg.public(),
+                )
             )
             outcome = self._loop(ledger, view)
             ledger.emit(
-                E.RUN_END, status=outcome.status, exit_code=outcome.exit_code, restarts=outcome.restarts
+                E.RunEnd(status=outcome.status, exit_code=int(outcome.exit_code), restarts=outcome.restarts)
             )
             return outcome
         finally:
@@ -121,17 +130,21 @@ class Supervisor:
         best_committed = -1
         progress_mark = -1
         attempt = 0
+
+        def outcome(status: E.RunStatus, code: ExitCode, detail: str = "") -> Outcome:
+            return Outcome(status, code, restarts, str(self.run_dir), detail)
+
         while True:
             spec = self._spec(attempt)
             self.backend.prepare(spec)
             run = self.backend.start(spec)  # a multi-node backend sets run.spec.nnodes for this attempt
-            nodes = [w.node for w in run.workers if w.node]
             ledger.emit(
-                E.ATTEMPT_START,
-                attempt=attempt,
-                world_size=run.spec.world_size,
-                pids=[w.pid for w in run.workers],
-                **({"nodes": nodes} if nodes else {}),
+                E.AttemptStart(
+                    attempt=attempt,
+                    world_size=run.spec.world_size,
+                    pids=tuple(w.pid for w in run.workers if w.pid is not None),
+                    nodes=tuple(w.node for w in run.workers if w.node),
+                )
             )
             mon = AttemptMonitor(run, ledger, attempt, self.cfg.hang_timeout_floor, self.cfg.init_timeout)
             try:
@@ -139,55 +152,52 @@ class Supervisor:
             finally:
                 run.close()
             best_committed = max(best_committed, mon.committed_step)
-            if isinstance(result, str):  # completed / interrupted
-                return Outcome(result, ExitCode.OK, restarts, str(self.run_dir))
-            failure = result
-            if failure.cause == "config":  # a restart would fail the same way: end the run, exit 2
+            if isinstance(result, E.RunStatus):  # completed / interrupted
+                return outcome(result, ExitCode.OK)
+            if isinstance(result, _ConfigError):  # a restart would fail the same way: end the run, exit 2
                 run.stop(self.cfg.grace_s)
-                ledger.emit(E.GIVE_UP, reason=f"configuration error: {failure.detail}")
-                return Outcome("config_error", ExitCode.USAGE, restarts, str(self.run_dir), failure.detail)
+                ledger.emit(E.GiveUp(reason=f"configuration error: {result.message}"))
+                return outcome(E.RunStatus.CONFIG_ERROR, ExitCode.USAGE, result.message)
+            failure = result
             ledger.emit(
-                E.FAILURE,
-                cause=failure.cause,
-                rank=failure.rank,
-                exit_code=failure.exit_code,
-                signal=failure.signal,
-                step=mon.step,
-                happened_t=failure.happened_t,
-                detail=failure.detail,
-                attempt=attempt,
-                **({"node": failure.node} if failure.node else {}),
+                E.Failure(
+                    cause=failure.cause,
+                    rank=failure.rank,
+                    exit_code=failure.exit_code,
+                    signal=failure.signal,
+                    step=mon.step,
+                    happened_t=failure.happened_t,
+                    detail=failure.detail,
+                    attempt=attempt,
+                    node=failure.node,
+                )
             )
-            ledger.emit(
-                E.DETECTED,
-                cause=failure.cause,
-                attempt=attempt,
-                detect_s=round(max(0.0, time.time() - (failure.happened_t or time.time())), 4),
-            )
+            detect_s = max(0.0, time.time() - (failure.happened_t or time.time()))
+            ledger.emit(E.Detected(cause=failure.cause, attempt=attempt, detect_s=round(detect_s, 4)))
             t0 = time.monotonic()
             run.stop(self.cfg.grace_s)
-            ledger.emit(E.TEARDOWN, attempt=attempt, teardown_s=round(time.monotonic() - t0, 4))
+            ledger.emit(E.Teardown(attempt=attempt, teardown_s=round(time.monotonic() - t0, 4)))
             self._drop_fired(mon.fired)
             # Multi-node backends: find lost nodes, isolate them, and say whether enough remain.
             verdict = self.backend.after_failure(run, ledger)
             if not verdict.restart:
-                ledger.emit(E.GIVE_UP, reason=verdict.reason)
-                return Outcome("nodes_lost", ExitCode.FAILED, restarts, str(self.run_dir))
+                ledger.emit(E.GiveUp(reason=verdict.reason))
+                return outcome(E.RunStatus.NODES_LOST, ExitCode.FAILED)
             if self._stop_signals:
                 # Asked to stop (SIGTERM, or Slurm's time-limit USR1) while no attempt was running:
                 # the newest checkpoint is all there is to keep. A new attempt would only be signalled
                 # again while its ranks start up, before they can take a final checkpoint.
-                return Outcome("interrupted", ExitCode.OK, restarts, str(self.run_dir))
+                return outcome(E.RunStatus.INTERRUPTED, ExitCode.OK)
             if view is not None:
                 view.failure(failure.cause, failure.rank, mon.step)
             # Breakers, in order of specificity.
-            if failure.cause == "spike":
+            if failure.cause == E.FailureCause.SPIKE:
                 self.rollback.plan(
                     mon.spike_step if mon.spike_step is not None else mon.step, ledger, attempt
                 )
                 if self.rollback.count > self.cfg.max_rollbacks:
-                    ledger.emit(E.GIVE_UP, reason=f"more than {self.cfg.max_rollbacks} rollbacks")
-                    return Outcome("max_rollbacks", ExitCode.MAX_ROLLBACKS, restarts, str(self.run_dir))
+                    ledger.emit(E.GiveUp(reason=f"more than {self.cfg.max_rollbacks} rollbacks"))
+                    return outcome(E.RunStatus.MAX_ROLLBACKS, ExitCode.MAX_ROLLBACKS)
             else:
                 self.rollback.clear_pending()
             if best_committed > progress_mark:
@@ -195,22 +205,23 @@ class Supervisor:
             else:
                 no_progress += 1
             if self.cfg.max_no_progress and no_progress >= self.cfg.max_no_progress:
-                ledger.emit(
-                    E.GIVE_UP, reason=f"{no_progress} consecutive restarts made no checkpoint progress"
-                )
-                return Outcome("no_progress", ExitCode.NO_PROGRESS, restarts, str(self.run_dir))
+                why = f"{no_progress} consecutive restarts made no checkpoint progress"
+                ledger.emit(E.GiveUp(reason=why))
+                return outcome(E.RunStatus.NO_PROGRESS, ExitCode.NO_PROGRESS)
             if restarts >= self.cfg.max_restarts:
-                ledger.emit(E.GIVE_UP, reason=f"restart budget of {self.cfg.max_restarts} used up")
-                return Outcome("max_restarts", ExitCode.MAX_RESTARTS, restarts, str(self.run_dir))
+                ledger.emit(E.GiveUp(reason=f"restart budget of {self.cfg.max_restarts} used up"))
+                return outcome(E.RunStatus.MAX_RESTARTS, ExitCode.MAX_RESTARTS)
             restarts += 1
             attempt += 1
-            ledger.emit(E.RESTART, attempt=attempt, reason=failure.cause)
+            ledger.emit(E.Restart(attempt=attempt, reason=failure.cause.value))
 
-    def _drop_fired(self, fired: list[dict[str, Any]]) -> None:
-        done = {int(r["fault_id"]) for r in fired if not r.get("persist")}
+    def _drop_fired(self, fired: list[E.Inject]) -> None:
+        done = {f.fault_id for f in fired if not f.persist}
         self.faults = [f for f in self.faults if f.id not in done]
 
-    def _watch(self, run: Attempt, mon: AttemptMonitor, view: Any, restarts: int) -> str | _Failure:
+    def _watch(
+        self, run: Attempt, mon: AttemptMonitor, view: Any, restarts: int
+    ) -> E.RunStatus | _Failure | _ConfigError:
         standby_ready = False
         stopping_since: float | None = None
         while True:
@@ -231,48 +242,47 @@ class Supervisor:
             if all(c is not None for c in codes.values()):
                 mon.pump(0)  # drain the last events
                 if stopping_since is not None:
-                    return "interrupted"
+                    return E.RunStatus.INTERRUPTED
                 if all(c == 0 for c in codes.values()):
-                    return "completed"
+                    return E.RunStatus.COMPLETED
             if stopping_since is not None:
                 if self._stop_signals > 1 or time.monotonic() - stopping_since > self.cfg.final_grace_s:
                     run.stop(self.cfg.grace_s)
-                    return "interrupted"
+                    return E.RunStatus.INTERRUPTED
                 continue
             for w in run.workers:
                 c = codes[w.rank]
                 if c is None or c == 0:
                     continue
                 mon.pump(0.05)  # the worker's last words (inject / rollback events)
-                node = w.node
                 if c == ExitCode.WORKER_CONFIG:  # gpufleet.init() rejected its settings: terminal
-                    msg = mon.config_error or f"rank {w.rank} rejected its settings (see its stderr)"
-                    return _Failure("config", w.rank, exit_code=c, detail=msg, node=node)
+                    return _ConfigError(
+                        w.rank, mon.config_error or f"rank {w.rank} rejected its settings (see its stderr)"
+                    )
                 if c == ExitCode.WORKER_SPIKE:
                     return _Failure(
-                        "spike",
+                        E.FailureCause.SPIKE,
                         w.rank,
                         exit_code=c,
                         happened_t=mon.spike_t or time.time(),
                         detail="loss spike or NaN",
-                        node=node,
+                        node=w.node,
                     )
                 sig = -c if c < 0 else None
-                detail = f"killed by signal {sig}" if sig else f"exit code {c}"
                 return _Failure(
-                    "crash",
+                    E.FailureCause.CRASH,
                     w.rank,
                     exit_code=None if sig else c,
                     signal=sig,
                     happened_t=mon.injected_at(w.rank, "kill") or time.time(),
-                    detail=detail,
-                    node=node,
+                    detail=f"killed by signal {sig}" if sig else f"exit code {c}",
+                    node=w.node,
                 )
             hung = mon.hung_rank(codes)
             if hung is not None:
                 rank, last_wall = hung
                 return _Failure(
-                    "hang",
+                    E.FailureCause.HANG,
                     rank,
                     happened_t=last_wall,
                     detail=f"no heartbeat for {time.time() - last_wall:.1f}s at step {mon.step}",
