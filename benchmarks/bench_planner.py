@@ -125,8 +125,8 @@ def validate(
         "server": {"url": url, "model": model, "max_batch": mb},
         "profile": {"prefill": vars(pc), "decode": vars(dc), "fit": tp.fit, "profile_s": round(profile_s, 1)},
         "slo_ms": {
-            "ttft_p90": round(slo.limits["ttft"][1] * 1000, 1),
-            "tpot_p90": round(slo.limits["tpot"][1] * 1000, 2),
+            "ttft_p90": round(slo.ttft * 1000, 1),
+            "tpot_p90": round(slo.tpot * 1000, 2),
         },
         "planned_max_rate_per_s": round(max_rate, 4),
         "bench_rate_per_s": rate,

@@ -304,5 +304,5 @@ def profile_from_table(
     return Profile(model, hardware, "table", f"fitted from {path.name}", tps, kv_bytes_per_token)
 
 
-# Sweeping a live server lives in profile_sweep; re-exported here, where callers look for it.
+# Sweeping a live server lives in plan.sweep; re-exported here, where callers look for it.
 from gpufleet.serve.plan.sweep import SERIAL_OVERLAP, measure, overlap_share  # noqa: E402
