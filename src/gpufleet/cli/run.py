@@ -97,6 +97,7 @@ class RunRequest:
             max_restarts=p["max_restarts"],
             max_no_progress=p["max_no_progress"],
             max_rollbacks=p["max_rollbacks"],
+            rollback_window=p["rollback_window"],
             inject=list(p["inject"] or ()),
             hang_timeout_floor=p["hang_timeout"],
             init_timeout=p["init_timeout"],
@@ -128,7 +129,12 @@ def run_command(
         int,
         typer.Option(help="Stop (exit 3) after this many consecutive restarts without a newer checkpoint."),
     ] = 3,
-    max_rollbacks: Annotated[int, typer.Option(help="Loss-spike rollbacks allowed (exit 5 beyond).")] = 3,
+    max_rollbacks: Annotated[
+        int, typer.Option(help="Loss-spike rollbacks allowed within --rollback-window steps (exit 5 beyond).")
+    ] = 3,
+    rollback_window: Annotated[
+        int, typer.Option(help="Steps over which --max-rollbacks counts (0: the whole run).")
+    ] = 1000,
     inject: Annotated[
         list[str] | None,
         typer.Option(help="Fault drill, repeatable: kill:rank=1,step=40 | hang:... | nan:step=N ..."),

@@ -403,6 +403,7 @@ class Rollback(Event):
     skip_from: int | None = None  # mode skip: first skipped step
     skip_to: int | None = None  # mode skip: first step after the window
     abandoned: tuple[int, ...] = ()  # mode skip: checkpoint steps moved to checkpoints/abandoned/
+    data_driven: bool = False  # mode skip: the replay reproduced the spike (the data, not the machine)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

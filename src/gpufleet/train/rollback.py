@@ -5,7 +5,14 @@ node): restart from the newest checkpoint at or before ``s`` and replay the same
 training bit-identical to a run that never saw the fault. If it happens again at the same step, it is
 caused by the data or the trajectory: roll back to a checkpoint at least ``window`` steps older, skip
 every batch from there to ``s`` inclusive, and move the newer checkpoints of the bad trajectory to
-``checkpoints/abandoned/`` (kept, never deleted) so a later restart cannot pick them up.
+``checkpoints/abandoned/`` (kept, never deleted) so a later restart cannot pick them up. Training
+replays bit-identically, so a spike that recurs at the same step was reproduced by the data itself:
+the ``skip`` rollback says so (``data_driven``), and the report tells it apart from a hardware fault.
+
+The rollback budget is a rate, not a lifetime count: the run stops (exit 5) when more than
+``max_rollbacks`` rollbacks fall within ``per_steps`` training steps of each other
+(:meth:`RollbackPlanner.over_budget`). A run that keeps spiking dies quickly; a long healthy run
+with an occasional data-driven spike never uses its budget up. ``per_steps=0`` counts the whole run.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ class RollbackPlanner:
         self.ckpt_dir = run_dir / "checkpoints"
         self.window = window
         self.count = 0
+        self.steps: list[int] = []  # the spike step of every rollback, in order
         self.seen: dict[int, int] = {}
         self.skip: list[tuple[int, int]] = []
         self.max_step: int | None = None
@@ -55,6 +63,7 @@ class RollbackPlanner:
     def plan(self, spike_step: int, ledger: Ledger, attempt: int) -> bool:
         """Decide the next attempt's restore bound and skip windows; always records a ``rollback`` event."""
         self.count += 1
+        self.steps.append(spike_step)
         self.seen[spike_step] = self.seen.get(spike_step, 0) + 1
         steps = committed_steps(self.ckpt_dir)
         if self.seen[spike_step] == 1:
@@ -89,10 +98,26 @@ class RollbackPlanner:
                 skip_to=spike_step + 1,
                 abandoned=tuple(abandoned),
                 attempt=attempt,
-                reason="spike recurred at the same step: skipping its batch window",
+                data_driven=True,
+                reason="data-driven: the replay reproduced the spike at this step; skipping its batch window",
             )
         )
         return True
 
+    def recent(self, per_steps: int) -> int:
+        """Rollbacks whose spike step lies within ``per_steps`` steps of the newest one (0: all)."""
+        if not self.steps:
+            return 0
+        last = self.steps[-1]
+        return sum(1 for s in self.steps if per_steps == 0 or abs(last - s) < per_steps)
+
+    def over_budget(self, max_rollbacks: int, per_steps: int) -> str | None:
+        """Why the rollback budget is used up (the breaker's reason), or None while it is not."""
+        n = self.recent(per_steps)
+        if n <= max_rollbacks:
+            return None
+        where = f"within {per_steps} steps" if per_steps else "in this run"
+        return f"more than {max_rollbacks} rollbacks {where} ({n}, the newest at step {self.steps[-1]})"
+
     def state(self) -> dict[str, Any]:
-        return {"count": self.count, "skip": [list(w) for w in self.skip]}
+        return {"count": self.count, "steps": list(self.steps), "skip": [list(w) for w in self.skip]}

@@ -38,6 +38,7 @@ FLAGS: dict[str, str] = {
     "max_restarts": "--max-restarts",
     "max_no_progress": "--max-no-progress",
     "max_rollbacks": "--max-rollbacks",
+    "rollback_window": "--rollback-window",
     "inject": "--inject",
     "hang_timeout_floor": "--hang-timeout",
     "init_timeout": "--init-timeout",
@@ -57,7 +58,8 @@ class SupervisorConfig(BaseModel):
     backend: str = "local"
     max_restarts: int = Field(10, ge=0)
     max_no_progress: int = Field(3, ge=0)  # consecutive restarts without a newer committed checkpoint
-    max_rollbacks: int = Field(3, ge=0)
+    max_rollbacks: int = Field(3, ge=0)  # within any `rollback_window` steps: a rate
+    rollback_window: int = Field(1000, ge=0)  # steps; 0: count over the whole run
     inject: list[str] = Field(default_factory=list)
     hang_timeout_floor: float = Field(60.0, gt=0)
     init_timeout: float = Field(300.0, gt=0)

@@ -195,8 +195,9 @@ class Supervisor:
                 self.rollback.plan(
                     mon.spike_step if mon.spike_step is not None else mon.step, ledger, attempt
                 )
-                if self.rollback.count > self.cfg.max_rollbacks:
-                    ledger.emit(E.GiveUp(reason=f"more than {self.cfg.max_rollbacks} rollbacks"))
+                why = self.rollback.over_budget(self.cfg.max_rollbacks, self.cfg.rollback_window)
+                if why:
+                    ledger.emit(E.GiveUp(reason=why))
                     return outcome(E.RunStatus.MAX_ROLLBACKS, ExitCode.MAX_ROLLBACKS)
             else:
                 self.rollback.clear_pending()
