@@ -11,6 +11,7 @@ import torch
 
 from gpufleet.checkpoint import CheckpointConfig, CheckpointEngine
 from gpufleet.core import events as E
+from gpufleet.core.ledger import as_event
 
 pytestmark = [pytest.mark.s3, pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
 
@@ -19,8 +20,9 @@ class Sink:
     def __init__(self) -> None:
         self.events: list[tuple[str, dict[str, Any]]] = []
 
-    def emit(self, ev: str, **fields: Any) -> None:
-        self.events.append((ev, fields))
+    def emit(self, event: E.Event | str, /, **fields: Any) -> None:
+        e = as_event(event, fields)
+        self.events.append((e.kind, e.to_record()))
 
     def of(self, ev: str) -> list[dict[str, Any]]:
         return [f for e, f in self.events if e == ev]

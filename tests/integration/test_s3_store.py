@@ -157,3 +157,134 @@ def test_missing_bucket_and_key_are_terminal(s3_server, s3_url: str, tmp_path: P
     with pytest.raises(TerminalStorageError, match="NoSuchKey|404"):
         S3Store(s3_url).read_json("step_9/manifest.json")
     assert time.monotonic() - t0 < 3.0
+
+
+# ----------------------------------------------------------------------------- parallel ranged GETs
+PART = 1 * MiB
+RANGED = {"multipart_threshold": 64 * MiB, "multipart_chunksize": PART}  # single PUTs, 1 MiB GET ranges
+
+
+def sized_checkpoint(root: Path) -> dict[str, bytes]:
+    """Files sized around the range boundaries: empty, 1 byte, one part -1/0/+1, several parts."""
+    files = {
+        "empty.bin": b"",
+        "one.bin": b"x",
+        "below.bin": os.urandom(PART - 1),
+        "exact.bin": os.urandom(PART),
+        "above.bin": os.urandom(PART + 1),
+        "many.bin": os.urandom(5 * PART + 7),
+        "sub/dir/deep.bin": os.urandom(2 * PART),
+        "manifest.json": b'{"step": 3}',
+    }
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return files
+
+
+def range_gets(log: list[dict]) -> dict[str, list[str]]:
+    """Object name -> the Range headers of its GETs (listings left out), in request order."""
+    out: dict[str, list[str]] = {}
+    for e in log:
+        if e["method"] == "GET" and "list-type" not in e["path"]:
+            out.setdefault(key_of(e).split("/step_3/", 1)[1], []).append(e["range"])
+    return out
+
+
+def test_ranges_split_at_part_boundaries_and_bytes_are_identical(
+    s3_server, s3_url: str, tmp_path: Path
+) -> None:
+    src = tmp_path / "src"
+    files = sized_checkpoint(src)
+    with FlakyProxy(s3_server.endpoint, error_rate=0.0) as proxy:
+        store = S3Store(s3_url, proxy.endpoint, **RANGED, **FAST)
+        store.upload_dir(src, "step_3")
+        before = len(proxy.request_log())
+        dst = tmp_path / "dst"
+        (dst / "many.bin").parent.mkdir(parents=True)
+        (dst / "many.bin").write_bytes(b"stale" * PART)  # a longer leftover file is truncated, not kept
+        assert store.download_dir("step_3", dst) == sum(len(v) for v in files.values())
+        gets = range_gets(proxy.request_log()[before:])
+    assert read_tree(dst) == files
+    assert "empty.bin" not in gets  # a zero-byte object needs no GET: the empty file is the download
+    assert gets["one.bin"] == ["bytes=0-0"]
+    assert gets["below.bin"] == [f"bytes=0-{PART - 2}"]
+    assert gets["exact.bin"] == [f"bytes=0-{PART - 1}"]
+    assert sorted(gets["above.bin"]) == sorted([f"bytes=0-{PART - 1}", f"bytes={PART}-{PART}"])
+    want = [f"bytes={a}-{min(a + PART, 5 * PART + 7) - 1}" for a in range(0, 5 * PART + 7, PART)]
+    assert sorted(gets["many.bin"]) == sorted(want)
+    assert len(gets["sub/dir/deep.bin"]) == 2
+
+
+def test_a_range_cut_mid_body_resumes_at_the_first_missing_byte(
+    s3_server, s3_url: str, tmp_path: Path
+) -> None:
+    src = tmp_path / "src"
+    files = {"big.bin": os.urandom(8 * 4 * MiB), "manifest.json": b"{}"}
+    for rel, data in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    S3Store(s3_url, **FAST).upload_dir(src, "step_3")
+    with FlakyProxy(s3_server.endpoint, error_rate=0.0, cut_rate=0.4, seed=3) as proxy:
+        store = S3Store(s3_url, proxy.endpoint, multipart_chunksize=4 * MiB, max_attempts=10, **FAST)
+        store.download_dir("step_3", tmp_path / "dst")
+        log = proxy.request_log()
+    assert read_tree(tmp_path / "dst") == files
+    cuts = [e for e in log if e["cut"]]
+    assert cuts, "the proxy cut no body: the test proved nothing"
+    for cut in cuts:
+        first, last = (int(x) for x in cut["range"].removeprefix("bytes=").split("-"))
+        later = [e["range"] for e in log if e["start"] >= cut["end"] and key_of(e) == key_of(cut)]
+        resumed = [r for r in later if r.endswith(f"-{last}")]
+        # the retry asks only for what is missing: it starts past the cut range's start
+        assert resumed and all(int(r.removeprefix("bytes=").split("-")[0]) > first for r in resumed)
+
+
+def test_flaky_and_cut_ranges_still_give_identical_bytes(s3_server, s3_url: str, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    files = sized_checkpoint(src)
+    S3Store(s3_url, **RANGED, **FAST).upload_dir(src, "step_3")
+    with FlakyProxy(s3_server.endpoint, error_rate=0.2, cut_rate=0.2, seed=5) as proxy:
+        store = S3Store(s3_url, proxy.endpoint, max_attempts=12, **RANGED, **FAST)
+        store.download_dir("step_3", tmp_path / "dst")
+        stats = proxy.stats()
+    assert read_tree(tmp_path / "dst") == files
+    assert stats["injected"] > 0 and stats["cut"] > 0
+
+
+def test_a_range_that_keeps_failing_is_retryable(s3_server, s3_url: str, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    sized_checkpoint(src)
+    S3Store(s3_url, **RANGED, **FAST).upload_dir(src, "step_3")
+    with FlakyProxy(s3_server.endpoint, error_rate=0.0, cut_rate=1.0) as proxy:
+        store = S3Store(s3_url, proxy.endpoint, max_attempts=3, **RANGED, **FAST)
+        with pytest.raises(RetryableStorageError, match="still failing after 3 attempts"):
+            store.download_dir("step_3", tmp_path / "dst")
+
+
+def test_an_object_replaced_or_shorter_than_listed_is_terminal(s3_url: str, tmp_path: Path) -> None:
+    from gpufleet.checkpoint.s3 import _Job
+
+    src = tmp_path / "src"
+    sized_checkpoint(src)
+    store = S3Store(s3_url, **RANGED, **FAST)
+    store.upload_dir(src, "step_3")
+    key = f"{store.prefix}/step_3/many.bin"
+    store._sleep = lambda s: pytest.fail("a terminal error must not be retried")
+    # Another version than the one listed (If-Match fails: 412), and a size the object no longer has.
+    with pytest.raises(TerminalStorageError, match="412|PreconditionFailed"):
+        store._fetch([_Job(key, tmp_path / "a.bin", 5 * PART + 7, '"0123456789abcdef0123456789abcdef"')])
+    with pytest.raises(TerminalStorageError, match="object changed|416|InvalidRange"):
+        store._fetch([_Job(key, tmp_path / "b.bin", 5 * PART + 7 + 3 * PART)])
+
+
+def test_local_write_error_is_terminal(s3_url: str, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    sized_checkpoint(src)
+    store = S3Store(s3_url, **RANGED, **FAST)
+    store.upload_dir(src, "step_3")
+    dst = tmp_path / "dst"
+    (dst / "sub").mkdir(parents=True)
+    (dst / "sub" / "dir").write_text("a file where a directory must go")
+    with pytest.raises(TerminalStorageError, match="cannot create|local I/O"):
+        store.download_dir("step_3", dst)

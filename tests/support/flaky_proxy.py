@@ -7,11 +7,15 @@ Run it as its own process, in front of an S3 server::
 It prints ``PORT <n>`` on its first stdout line. Each request is either forwarded unchanged (the
 Host header too, so SigV4 signatures still verify) or, with probability ``--error-rate`` drawn
 from a seeded RNG, answered with ``503 SlowDown`` or ``500 InternalError`` and an S3 XML error body
-after the request body has been read. Bodies are streamed both ways.
+after the request body has been read. Bodies are streamed both ways. With ``--cut-rate``, that
+fraction of the forwarded object GETs (not listings) with a body of 2 bytes or more (drawn from a
+second seeded RNG) send their headers and half of the body, then close the connection: a transfer
+broken mid-body.
 
 ``GET /__proxy__/stats`` returns counters as JSON and ``GET /__proxy__/log`` the request log
-(method, path, status, injected, start and end times), which tests use to check ordering. These
-two paths are never failed. :class:`FlakyProxy` starts and stops the process from Python.
+(method, path, Range header, status, injected, cut, start and end times), which tests use to
+check ordering and retries. These two paths are never failed. :class:`FlakyProxy` starts and
+stops the process from Python.
 """
 
 from __future__ import annotations
@@ -42,15 +46,24 @@ _ERRORS = [
 
 
 class _State:
-    def __init__(self, upstream: str, error_rate: float, seed: int) -> None:
+    def __init__(self, upstream: str, error_rate: float, seed: int, cut_rate: float = 0.0) -> None:
         u = urlsplit(upstream)
         if u.scheme != "http" or not u.hostname:
             raise SystemExit(f"--upstream must be http://host:port, got {upstream!r}")
         self.host, self.port = u.hostname, u.port or 80
         self.error_rate = error_rate
         self.rng = random.Random(seed)
+        self.cut_rate = cut_rate
+        self.cut_rng = random.Random(seed + 7919)  # its own stream: error_rate's sequence is unchanged
         self.lock = threading.Lock()
-        self.counts = {"requests": 0, "forwarded": 0, "injected": 0, "injected_503": 0, "injected_500": 0}
+        self.counts = {
+            "requests": 0,
+            "forwarded": 0,
+            "injected": 0,
+            "injected_503": 0,
+            "injected_500": 0,
+            "cut": 0,
+        }
         self.log: list[dict[str, Any]] = []
 
     def decide(self) -> tuple[int, str, str] | None:
@@ -63,6 +76,12 @@ class _State:
                 return err
             self.counts["forwarded"] += 1
             return None
+
+    def decide_cut(self) -> bool:
+        with self.lock:
+            cut = self.cut_rate > 0 and self.cut_rng.random() < self.cut_rate
+            self.counts["cut"] += cut
+            return cut
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -117,6 +136,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, body, "application/json")
             return
         start = self._last_write = time.time()
+        self._cut = False
         err = st.decide()
         if err is not None:
             for _ in self._body_chunks():
@@ -135,8 +155,10 @@ class _Handler(BaseHTTPRequestHandler):
                 {
                     "method": self.command,
                     "path": self.path,
+                    "range": self.headers.get("Range"),
                     "status": status,
                     "injected": err is not None,
+                    "cut": self._cut,
                     "start": start,
                     "end": self._last_write,
                 }
@@ -173,8 +195,17 @@ class _Handler(BaseHTTPRequestHandler):
                 if self.command != "HEAD":
                     self._write(body)
             elif self.command != "HEAD":
-                while chunk := resp.read(_CHUNK):
+                left = -1  # bytes still to send before a cut; -1: no cut
+                reads_object = self.command == "GET" and "list-type=" not in self.path
+                if reads_object and int(length or 0) >= 2 and st.decide_cut():
+                    self._cut, left = True, int(length or 0) // 2
+                while chunk := resp.read(_CHUNK if left < 0 else min(_CHUNK, left)):
                     self._write(chunk)
+                    if left >= 0:
+                        left -= len(chunk)
+                        if left == 0:
+                            self.close_connection = True  # the client sees a short body
+                            break
             return resp.status
         finally:
             conn.close()
@@ -191,9 +222,11 @@ class _Server(ThreadingHTTPServer):
         self.state = state
 
 
-def serve(upstream: str, error_rate: float, seed: int, port: int = 0, host: str = "127.0.0.1") -> None:
+def serve(
+    upstream: str, error_rate: float, seed: int, port: int = 0, host: str = "127.0.0.1", cut_rate: float = 0.0
+) -> None:
     """Run the proxy in this process until interrupted; prints ``PORT <n>`` first."""
-    server = _Server((host, port), _State(upstream, error_rate, seed))
+    server = _Server((host, port), _State(upstream, error_rate, seed, cut_rate))
     print(f"PORT {server.server_address[1]}", flush=True)
     try:
         server.serve_forever(poll_interval=0.2)
@@ -206,8 +239,8 @@ def serve(upstream: str, error_rate: float, seed: int, port: int = 0, host: str 
 class FlakyProxy(ChildService):
     """Start ``python -m support.flaky_proxy`` as a child process; stop it by PID."""
 
-    def __init__(self, upstream: str, error_rate: float = 0.2, seed: int = 1) -> None:
-        self.upstream, self.error_rate, self.seed = upstream, error_rate, seed
+    def __init__(self, upstream: str, error_rate: float = 0.2, seed: int = 1, cut_rate: float = 0.0) -> None:
+        self.upstream, self.error_rate, self.seed, self.cut_rate = upstream, error_rate, seed, cut_rate
         self._proc: subprocess.Popen[str] | None = None
         self.port = 0
 
@@ -218,6 +251,7 @@ class FlakyProxy(ChildService):
     def start(self, timeout_s: float = 15.0) -> FlakyProxy:
         cmd = [sys.executable, "-m", "support.flaky_proxy", "--upstream", self.upstream]
         cmd += ["--error-rate", str(self.error_rate), "--seed", str(self.seed), "--port", "0"]
+        cmd += ["--cut-rate", str(self.cut_rate)]
         self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=child_env())
         assert self._proc.stdout is not None
         timer = threading.Timer(timeout_s, self._proc.kill)
@@ -237,11 +271,11 @@ class FlakyProxy(ChildService):
             return json.loads(r.read())
 
     def stats(self) -> dict[str, int]:
-        """Counters: requests, forwarded, injected, injected_503, injected_500."""
+        """Counters: requests, forwarded, injected, injected_503, injected_500, cut."""
         return self._get("stats")
 
     def request_log(self) -> list[dict[str, Any]]:
-        """Every proxied request: method, path, status, injected, start, end (epoch seconds)."""
+        """Every proxied request: method, path, range, status, injected, cut, start, end (epoch s)."""
         return self._get("log")
 
     def stop(self) -> None:
@@ -265,10 +299,13 @@ def _main(argv: list[str] | None = None) -> int:
         "--seed", type=int, default=1, help="RNG seed: the same seed fails the same request numbers"
     )
     p.add_argument("--port", type=int, default=0, help="listen port on 127.0.0.1 (0: a free one)")
+    p.add_argument("--cut-rate", type=float, default=0.0, help="fraction of GET bodies to cut in half (0..1)")
     args = p.parse_args(argv)
     if not 0.0 <= args.error_rate <= 1.0:
         p.error("--error-rate must be within 0..1")
-    serve(args.upstream, args.error_rate, args.seed, args.port)
+    if not 0.0 <= args.cut_rate <= 1.0:
+        p.error("--cut-rate must be within 0..1")
+    serve(args.upstream, args.error_rate, args.seed, args.port, cut_rate=args.cut_rate)
     return 0
 
 

@@ -3,15 +3,24 @@
 Library: **boto3** (with botocore and s3transfer). It is the de-facto standard S3 client, so every
 S3-compatible server is tested against it; botocore brings retry modes with a retry quota and the
 credential chain (env, profile, instance role, SSO); s3transfer brings a multipart transfer manager
-with parallel parts and ranged parallel downloads. boto3 is the ``s3`` extra and is imported here
-lazily, inside :class:`S3Store`, so ``import gpufleet`` in a training rank stays cheap.
+with parallel parts (used for uploads). boto3 is the ``s3`` extra and is imported here lazily,
+inside :class:`S3Store`, so ``import gpufleet`` in a training rank stays cheap.
+
+Downloads do not go through s3transfer: ``download_dir`` splits every object into ranges of
+``multipart_chunksize`` and fetches all ranges of all objects at once from one thread pool of
+``max_concurrency`` over the one pooled client. Each range is a ``GET`` with ``Range`` and
+``If-Match: <the listed ETag>`` (an object replaced mid-download fails with 412, never mixes two
+versions), streamed with ``os.pwrite`` into a file preallocated to its listed size, so ranges land
+in place and no reassembly or temp file is needed. (boto3's own ``download_file`` funnels every
+part through one writer thread and validates sizes twice; on loopback it is the slower of the two.)
 
 Two retry layers:
 
 - botocore ``standard`` retries each HTTP request (each part) a few times;
-- on top, every whole-object operation (one file upload or download, one listing, one delete batch)
+- on top, every operation (one file upload, one download range, one listing, one delete batch)
   gets our own bounded exponential backoff with jitter for throttling (SlowDown, 503), 5xx,
-  connection errors and timeouts. When the attempts run out it raises
+  connection errors and timeouts. A download range that broke mid-body resumes from the last byte
+  written, not from its start. When the attempts run out it raises
   :class:`~gpufleet.core.errors.RetryableStorageError`. Auth failures, a missing bucket or key and
   local disk errors raise :class:`~gpufleet.core.errors.TerminalStorageError` at once.
 
@@ -27,8 +36,10 @@ import json
 import logging
 import os
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
@@ -41,6 +52,7 @@ log = logging.getLogger(__name__)
 
 MANIFEST_NAME = "manifest.json"
 MiB = 1024 * 1024
+_READ = 1 * MiB  # body read size of a download range (one pwrite each)
 T = TypeVar("T")
 
 # Error codes worth retrying even when the HTTP status alone would not say so.
@@ -93,22 +105,21 @@ class _Job:
     key: str
     path: Path
     size: int
+    etag: str = ""  # as listed: downloads send If-Match so every range is of the same object
 
 
-class _ProvideSize:
-    """An s3transfer subscriber that passes the known object size, saving a HEAD per download."""
+class _Cancelled(Exception):
+    """Another range of the same download failed for good: stop early, quietly."""
 
-    def __init__(self, size: int) -> None:
-        self.size = size
 
-    def on_queued(self, future: Any, **kwargs: Any) -> None:
-        future.meta.provide_transfer_size(self.size)
+@dataclass
+class _Range:
+    """``[start, end)`` of one object, written at the same offsets of an open file ``fd``."""
 
-    def on_progress(self, future: Any, bytes_transferred: int, **kwargs: Any) -> None:
-        pass
-
-    def on_done(self, future: Any, **kwargs: Any) -> None:
-        pass
+    job: _Job
+    fd: int
+    pos: int  # the next byte to fetch: a retry resumes here
+    end: int
 
 
 class S3Store:
@@ -203,7 +214,7 @@ class S3Store:
         """Sub-prefixes directly under the URL (e.g. ``step_00000100``) that hold a manifest.json."""
         root = f"{self.prefix}/" if self.prefix else ""
         found = []
-        for key, _size in self._call("list", root, lambda: list(self._list(root))):
+        for key, _size, _etag in self._call("list", root, lambda: list(self._list(root))):
             rest = key[len(root) :]
             name, _, tail = rest.partition("/")
             if name and tail == MANIFEST_NAME:
@@ -231,7 +242,10 @@ class S3Store:
         return doc
 
     def download_dir(self, prefix: str, local_dir: Path) -> int:
-        """Download every object under ``prefix`` into ``local_dir`` (manifest last); return bytes."""
+        """Download every object under ``prefix`` into ``local_dir`` (manifest last); return bytes.
+
+        All ranges of all files are fetched in parallel (see the module notes); the manifest is
+        fetched only after every other file is complete."""
         base = self._key(_clean_rel(prefix, "prefix"))
         local_dir = Path(local_dir)
         listing = self._call("list", base, lambda: list(self._list(base + "/")))
@@ -239,14 +253,14 @@ class S3Store:
             raise TerminalStorageError(f"nothing under s3://{self.bucket}/{base}/")
         jobs: list[_Job] = []
         manifest: _Job | None = None
-        for key, size in listing:
+        for key, size, etag in listing:
             rel = key[len(base) + 1 :]
             if not rel or rel.endswith("/"):
                 continue  # a directory marker
             parts = PurePosixPath(rel).parts
             if any(p in (".", "..") for p in parts):
                 raise TerminalStorageError(f"refusing unsafe key s3://{self.bucket}/{key}")
-            job = _Job(key, local_dir.joinpath(*parts), size)
+            job = _Job(key, local_dir.joinpath(*parts), size, etag)
             if rel == MANIFEST_NAME:
                 manifest = job
             else:
@@ -256,9 +270,9 @@ class S3Store:
                 job.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise TerminalStorageError(f"cannot create {local_dir}: {e}") from e
-        self._transfer(jobs, upload=False)
+        self._fetch(jobs)
         if manifest is not None:
-            self._transfer([manifest], upload=False)
+            self._fetch([manifest])
             jobs.append(manifest)
         return sum(j.size for j in jobs)
 
@@ -268,7 +282,7 @@ class S3Store:
         manifest = f"{base}/{MANIFEST_NAME}"
         self._call("delete", manifest, lambda: self._client.delete_object(Bucket=self.bucket, Key=manifest))
         while True:
-            keys = [k for k, _ in self._call("list", base, lambda: list(self._list(base + "/")))]
+            keys = [k for k, _, _ in self._call("list", base, lambda: list(self._list(base + "/")))]
             if not keys:
                 return
             for i in range(0, len(keys), 1000):
@@ -279,11 +293,12 @@ class S3Store:
     def _key(self, rel: str) -> str:
         return f"{self.prefix}/{rel}" if self.prefix else rel
 
-    def _list(self, prefix: str) -> Iterator[tuple[str, int]]:
+    def _list(self, prefix: str) -> Iterator[tuple[str, int, str]]:
+        """(key, size, ETag) of every object under ``prefix``."""
         paginator = self._client.get_paginator("list_objects_v2")
         for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
             for obj in page.get("Contents", []):
-                yield obj["Key"], int(obj.get("Size", 0))
+                yield obj["Key"], int(obj.get("Size", 0)), str(obj.get("ETag") or "")
 
     def _delete_batch(self, keys: list[str]) -> None:
         resp = self._client.delete_objects(
@@ -319,10 +334,12 @@ class S3Store:
         raise RetryableStorageError(f"{last} (gave up after {self.max_attempts} attempts)") from last
 
     def _transfer(self, jobs: list[_Job], *, upload: bool) -> None:
-        """Upload or download ``jobs`` in parallel; retry the failed ones in rounds with backoff."""
+        """Upload ``jobs`` in parallel (s3transfer); retry the failed ones in rounds with backoff."""
         from boto3.s3.transfer import create_transfer_manager
 
-        op = "upload" if upload else "download"
+        if not upload:
+            raise ValueError("downloads go through _fetch")
+        op = "upload"
         pending = list(jobs)
         last: StorageError | None = None
         for attempt in range(self.max_attempts):
@@ -332,13 +349,7 @@ class S3Store:
             with create_transfer_manager(self._client, self._transfer_config) as tm:
                 futures = []
                 for job in pending:
-                    if upload:
-                        fut = tm.upload(str(job.path), self.bucket, job.key)
-                    else:
-                        fut = tm.download(
-                            self.bucket, job.key, str(job.path), subscribers=[_ProvideSize(job.size)]
-                        )
-                    futures.append((job, fut))
+                    futures.append((job, tm.upload(str(job.path), self.bucket, job.key)))
                 for job, fut in futures:
                     try:
                         fut.result()
@@ -357,6 +368,87 @@ class S3Store:
             raise RetryableStorageError(
                 f"{op} of {len(pending)} file(s) failed after {self.max_attempts} attempts: {last}"
             ) from last
+
+    def _fetch(self, jobs: list[_Job]) -> None:
+        """Download ``jobs``: every range of every object in parallel, pwritten into place."""
+        fds: list[int] = []
+        ranges: list[_Range] = []
+        step = max(1, self._transfer_config.multipart_chunksize)
+        try:
+            for job in jobs:
+                try:
+                    fd = os.open(job.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+                    fds.append(fd)
+                    os.ftruncate(fd, job.size)  # the final size at once: ranges land in place
+                except OSError as e:
+                    raise TerminalStorageError(f"s3 download to {job.path}: local I/O error: {e}") from e
+                ranges += [_Range(job, fd, a, min(a + step, job.size)) for a in range(0, job.size, step)]
+            if not ranges:
+                return  # only empty objects: creating the files was the whole download
+            stop = threading.Event()
+            workers = min(self._transfer_config.max_request_concurrency, len(ranges))
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="s3get") as pool:
+                futures = [pool.submit(self._get_range, r, stop) for r in ranges]
+                done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+                failed = [f for f in futures if f in done and f.exception() is not None]
+                if failed:
+                    stop.set()  # the running ranges stop at their next read; queued ones never start
+                    for f in futures:
+                        f.cancel()
+                    raise failed[0].exception()  # type: ignore[misc]
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _get_range(self, r: _Range, stop: threading.Event) -> None:
+        """GET one range into place with bounded backoff; a retry resumes at the first missing byte."""
+        last: StorageError | None = None
+        for attempt in range(self.max_attempts):
+            if stop.is_set():
+                raise _Cancelled
+            try:
+                self._get_into(r, stop)
+                return
+            except _Cancelled:
+                raise
+            except Exception as e:  # noqa: BLE001 - classified right here; anything unknown re-raises
+                err = self._classify(e, "download", f"{r.job.key} bytes {r.pos}-{r.end - 1}")
+                if err is None:
+                    raise
+                if isinstance(err, TerminalStorageError):
+                    raise err from e
+                last = err
+            self._wait(attempt, "download", f"{r.job.key} bytes {r.pos}-{r.end - 1}", last)
+        raise RetryableStorageError(
+            f"s3 download s3://{self.bucket}/{r.job.key}: bytes {r.pos}-{r.end - 1} still failing "
+            f"after {self.max_attempts} attempts: {last}"
+        ) from last
+
+    def _get_into(self, r: _Range, stop: threading.Event) -> None:
+        """One ranged GET of ``[r.pos, r.end)``, pwritten at the same offsets; ``r.pos`` advances."""
+        want = f"bytes={r.pos}-{r.end - 1}"
+        extra = {"IfMatch": r.job.etag} if r.job.etag else {}
+        resp = self._client.get_object(Bucket=self.bucket, Key=r.job.key, Range=want, **extra)
+        body = resp["Body"]
+        try:
+            if int(resp.get("ContentLength", -1)) != r.end - r.pos:
+                raise TerminalStorageError(
+                    f"s3 download s3://{self.bucket}/{r.job.key}: asked for {want}, the server sent "
+                    f"{resp.get('ContentLength')} bytes ({resp.get('ContentRange')}): the object changed"
+                )
+            while r.pos < r.end:
+                if stop.is_set():
+                    raise _Cancelled
+                chunk = body.read(min(_READ, r.end - r.pos))
+                if not chunk:  # botocore raises IncompleteReadError before this; belt and braces
+                    raise ConnectionError(f"body ended at byte {r.pos} of {r.end}")
+                view = memoryview(chunk)
+                while view:
+                    n = os.pwrite(r.fd, view, r.pos)
+                    r.pos += n
+                    view = view[n:]
+        finally:
+            body.close()
 
     def _wait(self, attempt: int, op: str, what: str, err: StorageError | None) -> None:
         if attempt + 1 >= self.max_attempts:
