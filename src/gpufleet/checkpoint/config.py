@@ -64,6 +64,7 @@ class LoadResult:
     meta: dict[str, Any]
     load_s: float
     state_dict: dict[str, Any] = field(repr=False)
+    missing: list[str] = field(default_factory=list)  # optional entries the checkpoint lacked (load())
 
 
 @dataclass

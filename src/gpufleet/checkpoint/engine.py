@@ -14,7 +14,7 @@ import shutil
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -348,11 +348,22 @@ class CheckpointEngine:
             out += remote.list_infos(self.config)
         return out
 
-    def load(self, state_dict: dict[str, Any], *, max_step: int | None = None) -> LoadResult | None:
+    def load(
+        self,
+        state_dict: dict[str, Any],
+        *,
+        max_step: int | None = None,
+        optional: Iterable[tuple[str, str]] = (),
+    ) -> LoadResult | None:
         """Load the newest verified checkpoint (step <= max_step) into ``state_dict``; None if none.
 
         Single process: one pass (each file read once, hashed while read, copied into the tensors
-        only after every file verified). Several ranks: rank 0 verifies, then every rank reads."""
+        only after every file verified). Several ranks: rank 0 verifies, then every rank reads.
+
+        ``optional``: ``(key, subkey)`` entries of ``state_dict`` that the checkpoint may lack (per-rank
+        state of a rank the saving run did not have: resumed with more workers). Those it lacks are
+        removed from ``state_dict`` and named in ``LoadResult.missing``; any other key the checkpoint
+        lacks is an error, as in DCP."""
         self._join()
         t0 = time.perf_counter()
         ctx = self.restore_context()
@@ -376,6 +387,7 @@ class CheckpointEngine:
         threads = self.config.io_threads
         reader = FastReader(path, threads=threads) if loaded is None else MemReader(path, loaded, threads=2)
         try:
+            missing = _drop_absent(state_dict, optional, reader.read_metadata()) if optional else []
             dcp.load(state_dict, storage_reader=reader, process_group=self.pg, no_dist=not self._distributed)
         finally:
             if loaded is not None:
@@ -390,9 +402,27 @@ class CheckpointEngine:
             meta=meta,
             load_s=time.perf_counter() - t0,
             state_dict=state_dict,
+            missing=missing,
         )
 
     def close(self) -> None:
         """Finish the in-flight checkpoint (errors were already reported as CKPT_FAILED)."""
         self.wait_staged()
         self._join()
+
+
+def _drop_absent(state_dict: dict[str, Any], optional: Iterable[tuple[str, str]], metadata: Any) -> list[str]:
+    """Remove the ``optional`` entries the checkpoint has no item for; returns their dotted names."""
+    saved = list(metadata.state_dict_metadata)
+    missing: list[str] = []
+    for key, sub in optional:
+        name = f"{key}.{sub}"
+        group = state_dict.get(key)
+        if not isinstance(group, dict) or sub not in group:
+            continue
+        if not any(fqn == name or fqn.startswith(name + ".") for fqn in saved):
+            del group[sub]
+            missing.append(name)
+            if not group:
+                del state_dict[key]
+    return missing

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+from torch.distributed.tensor import DTensor
 
 from gpufleet.checkpoint import remote
 from gpufleet.checkpoint.config import CheckpointConfig
@@ -66,6 +67,8 @@ def receive_buffers(ctx: RestoreContext, state_dict: dict[str, Any]) -> dict[str
     flat, _ = flatten_state_dict(state_dict)
     out: dict[str, torch.Tensor] = {}
     for fqn, t in flat.items():
+        if isinstance(t, DTensor):
+            t = t.to_local()  # the engine stages a DTensor's local shard under the same key
         if isinstance(t, torch.Tensor) and t.layout == torch.strided and t.nbytes >= _BUFFER_MIN:
             out[fqn] = ctx.buffer_for(fqn, t.detach())
     return out

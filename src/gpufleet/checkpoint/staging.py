@@ -5,11 +5,16 @@ pinned when the source lives on an accelerator, so steady-state saves allocate n
 key matches ``deferred`` (parameters, optimizer state: unchanged until the next optimizer.step) are
 copied on a background thread while the caller's forward/backward runs; everything else is copied
 before ``stage`` returns. The caller must not mutate deferred tensors before ``wait`` returns.
+
+A DTensor (FSDP2 ``fully_shard``, tensor parallel) is staged as its local shard only: the buffer
+holds this rank's piece, wrapped in a :class:`StagedShard` that DCP writes as that DTensor's chunk
+(same global shape and offsets), so the checkpoint is the one a direct ``dcp.save`` would write.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import mmap
 import threading
 import time
@@ -18,10 +23,34 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
-__all__ = ["Stager", "StageJob"]
+__all__ = ["Stager", "StageJob", "StagedShard"]
 
 _ALIGNED_MIN = 1 << 20  # CPU buffers at least this large are page-aligned mappings
+
+
+class StagedShard(torch.Tensor):
+    """A staged copy of one rank's DTensor shard: a plain host tensor that DCP plans and writes as
+    that DTensor's chunk. It keeps the DTensor's own write items (computed by DTensor when staged),
+    so global shape, offsets and placements are exactly DTensor's; only the data is the copy."""
+
+    @staticmethod
+    def of(buffer: torch.Tensor, like: DTensor) -> StagedShard:
+        out = buffer.as_subclass(StagedShard)
+        # DTensor's checkpoint protocol (public dunders): its write items and chunk, under a dummy fqn.
+        out.write_items = like.__create_write_items__("", like)
+        out.chunks = like.__create_chunk_list__()
+        return out
+
+    def __create_write_items__(self, fqn: str, obj: Any) -> list[Any]:
+        return [dataclasses.replace(w, index=dataclasses.replace(w.index, fqn=fqn)) for w in self.write_items]
+
+    def __create_chunk_list__(self) -> list[Any]:
+        return list(self.chunks)
+
+    def __get_tensor_shard__(self, index: Any) -> torch.Tensor:
+        return self.as_subclass(torch.Tensor)  # a plain tensor: the file must not need gpufleet to load
 
 
 class StageJob:
@@ -96,6 +125,8 @@ class Stager:
 
         def walk(obj: Any, key: str) -> Any:
             nonlocal nbytes
+            if isinstance(obj, DTensor):
+                return StagedShard.of(walk(obj.to_local(), key), obj)
             if isinstance(obj, torch.Tensor):
                 src = obj.detach()
                 if src.layout != torch.strided:

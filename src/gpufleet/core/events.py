@@ -379,6 +379,7 @@ class Restore(Event):
     fresh: bool = False  # no checkpoint: a fresh start at step 0
     path: str | None = None  # the checkpoint directory
     source: RestoreSource | None = None  # where it came from
+    saved_world_size: int | None = None  # the checkpoint's world size, when it differs from this run's
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

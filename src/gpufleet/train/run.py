@@ -175,14 +175,16 @@ class Run:
         template["_gpufleet"] = self._internal_state()
         max_step = self.settings.rollback.max_step
         t0 = time.monotonic()
-        result = engine.load(template, max_step=max_step)
+        result = engine.load(template, max_step=max_step, optional=self._mapper.rank_entries())
         if result is None:
             self.sink.emit(E.Restore(step=0, fresh=True, load_s=round(time.monotonic() - t0, 4)))
             self._start = 0
         else:
             sd = result.state_dict
+            saved_world = result.meta.get("world_size")
             try:
-                self._mapper.apply(sd)
+                self._mapper.check_world_size(saved_world, self.world_size)
+                self._mapper.apply(sd, step=int(result.step))
             except ConfigError as e:  # the objects no longer fit the checkpoint (a changed data loader)
                 if self.supervised:
                     _exit_config_error(str(e))
@@ -201,6 +203,7 @@ class Run:
                     source=result.source,
                     # read + verify + apply: all of it blocks the restart
                     load_s=round(time.monotonic() - t0, 4),
+                    saved_world_size=saved_world if saved_world != self.world_size else None,
                 )
             )
         self._last_saved_step = self._start

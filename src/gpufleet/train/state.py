@@ -5,6 +5,7 @@ Each has ``state_dict``/``load_state_dict`` so it can go into the dict given to 
 
 from __future__ import annotations
 
+import hashlib
 import random
 from typing import Any
 
@@ -20,6 +21,20 @@ class RNGState:
     """
 
     per_rank = True  # the Run API keys this entry by rank
+
+    def resume_without_state(self, step: int, rank: int) -> None:
+        """The checkpoint has no state for this rank (it was saved by fewer workers): seed every
+        generator from (step, rank), so the resumed run is reproducible and each rank's stream differs."""
+        seed = int.from_bytes(hashlib.sha256(f"gpufleet-rng/{step}/{rank}".encode()).digest()[:8], "little")
+        seed &= (1 << 63) - 1
+        random.seed(seed)
+        torch.manual_seed(seed)  # CUDA generators too
+        try:
+            import numpy as np
+
+            np.random.seed(seed % (1 << 32))
+        except ImportError:
+            pass
 
     def state_dict(self) -> dict[str, Any]:
         sd: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
@@ -52,10 +67,21 @@ def _as_tuple(x: Any) -> Any:
 
 
 class StepSampler:
-    """Sample indices as a pure function of the global step: resume is exact by construction.
+    """Sample indices as a function of the global step, positioned in global samples: resume is exact,
+    at the same or at another world size.
 
-    Epoch ``e`` uses a permutation seeded by ``seed + e``; global step ``s`` is batch ``s % steps_per_epoch``
-    of epoch ``s // steps_per_epoch``. Each rank takes a disjoint slice of the global batch.
+    Epoch ``e`` reads a permutation of the dataset seeded by ``seed + e``. Each step takes the next
+    global batch of it (``batch_size`` x ``world_size`` samples) and rank ``r`` takes the ``r``-th
+    ``batch_size`` slice of that batch; an epoch ends when less than a global batch is left (that tail
+    is not trained, as with ``drop_last``). Without a world-size change, step ``s`` is batch
+    ``s % steps_per_epoch`` of epoch ``s // steps_per_epoch``.
+
+    The state saved with a checkpoint is the position in samples (an anchor step, its epoch and sample
+    offset in that epoch's permutation) and the global batch size. Restored under another global
+    batch (``-n`` changed, or ``batch_size``), the first step asked for afterwards (the resume step
+    ``K``) is placed where the saving run would have been at ``K``: the same epoch permutation at the
+    exact next sample, so across the change no sample is repeated or skipped. Epochs after the change
+    have ``num_samples // (batch_size * world_size)`` steps.
     """
 
     def __init__(
@@ -63,6 +89,8 @@ class StepSampler:
     ):
         if num_samples <= 0 or batch_size <= 0:
             raise ValueError("num_samples and batch_size must be positive")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} outside world_size {world_size}")
         if batch_size * world_size > num_samples:
             raise ValueError("global batch (batch_size x world_size) exceeds the dataset")
         self.num_samples = num_samples
@@ -70,7 +98,10 @@ class StepSampler:
         self.seed = seed
         self.rank = rank
         self.world_size = world_size
-        self.steps_per_epoch = num_samples // (batch_size * world_size)
+        self.global_batch = batch_size * world_size
+        self.steps_per_epoch = num_samples // self.global_batch
+        self._anchor = (0, 0, 0)  # (step, epoch, sample offset in the epoch) of a known position
+        self._saved: dict[str, Any] | None = None  # loaded under another global batch: placed lazily
         self._perm_epoch = -1
         self._perm: torch.Tensor | None = None
 
@@ -82,24 +113,64 @@ class StepSampler:
         assert self._perm is not None
         return self._perm
 
+    def position(self, step: int) -> tuple[int, int]:
+        """(epoch, offset in that epoch's permutation) of the first sample of global step ``step``."""
+        if self._saved is not None:  # first step after a restore under another global batch
+            saved, self._saved = self._saved, None
+            self._anchor = (step, *_locate(step, self.num_samples, saved["global_batch"], saved["anchor"]))
+        if step < self._anchor[0]:
+            raise ValueError(f"step {step} is before the step this sampler resumed at ({self._anchor[0]})")
+        return _locate(step, self.num_samples, self.global_batch, self._anchor)
+
     def epoch_of(self, step: int) -> int:
-        return step // self.steps_per_epoch
+        return self.position(step)[0]
 
     def indices(self, step: int) -> list[int]:
-        epoch, batch = divmod(step, self.steps_per_epoch)
-        gb = self.batch_size * self.world_size
-        start = batch * gb + self.rank * self.batch_size
+        """This rank's sample indices for global step ``step``."""
+        epoch, offset = self.position(step)
+        start = offset + self.rank * self.batch_size
         return self._permutation(epoch)[start : start + self.batch_size].tolist()
 
-    # Stateless by design; these exist so the sampler can sit in the restore dict harmlessly.
     def state_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed, "num_samples": self.num_samples, "batch_size": self.batch_size}
+        if self._saved is not None:  # not placed yet: the loaded state still describes the position
+            return dict(self._saved)
+        return {
+            "seed": self.seed,
+            "num_samples": self.num_samples,
+            "batch_size": self.batch_size,
+            "global_batch": self.global_batch,
+            "anchor": list(self._anchor),
+        }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        if sd.get("num_samples") != self.num_samples or sd.get("batch_size") != self.batch_size:
-            raise ValueError("sampler shape changed since the checkpoint; resume would not be exact")
+        if sd.get("num_samples") != self.num_samples:
+            raise ValueError(
+                f"the dataset changed since the checkpoint ({sd.get('num_samples')} -> {self.num_samples} "
+                "samples); resume would not be exact"
+            )
         self.seed = int(sd["seed"])
         self._perm_epoch = -1
+        # checkpoints from before the position was saved: same geometry, anchored at step 0
+        global_batch = int(sd.get("global_batch", self.global_batch))
+        anchor = tuple(int(v) for v in sd.get("anchor", (0, 0, 0)))
+        if len(anchor) != 3:
+            raise ValueError(f"bad sampler anchor {sd.get('anchor')!r}")
+        if global_batch == self.global_batch:
+            self._anchor, self._saved = anchor, None  # type: ignore[assignment]
+        else:
+            self._saved = {**sd, "global_batch": global_batch, "anchor": list(anchor)}
+
+
+def _locate(step: int, num_samples: int, global_batch: int, anchor: Any) -> tuple[int, int]:
+    """(epoch, offset) of ``step`` when steps of ``global_batch`` samples run on from ``anchor``."""
+    step0, epoch0, offset0 = (int(v) for v in anchor)
+    d = step - step0
+    left = (num_samples - offset0) // global_batch  # steps still in the anchor's epoch
+    if d < left:
+        return epoch0, offset0 + d * global_batch
+    d -= left
+    per_epoch = num_samples // global_batch
+    return epoch0 + 1 + d // per_epoch, (d % per_epoch) * global_batch
 
 
 class EarlyStopping:

@@ -4,6 +4,14 @@ Modules and optimizers go through ``torch.distributed.checkpoint.state_dict`` so
 are unwrapped and optimizer state exists before the first step (needed to load in place).
 Objects marked ``per_rank`` (RNG state) are stored under ``<name>.rank<R>``; plain values are stored
 as they are and replaced in the user's dict on restore.
+
+Resuming at another world size (a checkpoint saved by W workers, resumed by W'):
+- modules and optimizers, sharded (FSDP2/DTensor) or replicated (DDP), are resharded by DCP;
+- a per-rank object takes the state saved by the same rank when there is one. A rank the saving run
+  did not have (r >= W) calls the object's ``resume_without_state(step, rank)``: ``RNGState`` seeds its
+  generators from (step, rank), deterministically. A per-rank object without that method (a
+  ``gpufleet.resumable`` loader: its position is per rank) refuses the change with a ConfigError,
+  on every rank, since its saved positions do not describe the new ranks' shards of the data.
 """
 
 from __future__ import annotations
@@ -54,6 +62,27 @@ class StateMapper:
     def _rank_key(self, name: str) -> str:
         return f"rank{self.rank}"
 
+    def rank_entries(self) -> list[tuple[str, str]]:
+        """``(name, rank key)`` of this rank's per-rank entries; a checkpoint by fewer ranks lacks them."""
+        return [(k, self._rank_key(k)) for k, v in self.state.items() if getattr(v, "per_rank", False)]
+
+    def check_world_size(self, saved: int | None, world_size: int) -> None:
+        """ConfigError when the checkpoint's world size differs and a per-rank object cannot follow."""
+        if saved is None or saved == world_size:
+            return
+        stuck = [
+            k
+            for k, v in self.state.items()
+            if getattr(v, "per_rank", False) and not callable(getattr(v, "resume_without_state", None))
+        ]
+        if stuck:
+            raise ConfigError(
+                f"the checkpoint was saved by {saved} workers and this run has {world_size}: "
+                f"state[{stuck[0]!r}] keeps a position per rank, which does not carry over to another "
+                f"number of workers (resuming would repeat or skip samples). Resume with -n {saved}, or "
+                f"index the data with gpufleet.StepSampler, whose position is in global samples"
+            )
+
     def collect(self) -> dict[str, Any]:
         """The current state as a nested dict of tensors and plain values (references, not copies)."""
         sd: dict[str, Any] = {}
@@ -71,10 +100,13 @@ class StateMapper:
                 sd[name] = obj
         return sd
 
-    def apply(self, sd: dict[str, Any]) -> None:
-        """Load ``sd`` (as returned by the checkpoint engine) back into the objects."""
+    def apply(self, sd: dict[str, Any], *, step: int = 0) -> None:
+        """Load ``sd`` (as returned by the checkpoint engine) back into the objects. ``step``: the
+        checkpoint's step, from which a rank without saved per-rank state derives its own."""
         for name, obj in list(self.state.items()):
             if name not in sd:
+                if getattr(obj, "per_rank", False) and callable(getattr(obj, "resume_without_state", None)):
+                    obj.resume_without_state(step, self.rank)  # the engine dropped this rank's absent entry
                 continue
             value = sd[name]
             if isinstance(obj, torch.nn.Module):
@@ -84,8 +116,10 @@ class StateMapper:
                 set_optimizer_state_dict(self.model, obj, value)
             elif getattr(obj, "per_rank", False):
                 mine = value.get(self._rank_key(name)) if isinstance(value, dict) else None
-                if mine is not None:  # absent after resharding to more ranks: keep the fresh seed
+                if mine is not None:
                     obj.load_state_dict(mine)
+                else:  # saved by fewer ranks than this run has (check_world_size vetted the object)
+                    obj.resume_without_state(step, self.rank)
             elif hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):
                 obj.load_state_dict(value)
             else:
