@@ -110,3 +110,15 @@ def test_resume_at_another_world_size(tmp_path: Path, saved_by_two: Path, nproc:
         assert got == perm[: len(got)], f"epoch {epoch} does not continue its permutation"
         if epoch < max(epochs):
             assert SAMPLES - len(got) < BATCH * max(2, nproc), f"epoch {epoch} skipped samples"
+
+
+def test_a_per_rank_loader_refuses_another_world_size_with_exit_2(tmp_path: Path) -> None:
+    loader_script = str(Path(__file__).parent / "scripts" / "loader_train.py")
+    base = [*GPUFLEET, "run", "--run-dir", str(tmp_path), "--no-progress", "--checkpoint-every", "1000"]
+    script = ["--", sys.executable, loader_script, "--num-workers", "0", "--steps"]
+    first = subprocess.run([*base, "-n", "2", *script, "6"], capture_output=True, text=True, timeout=240)
+    assert first.returncode == 0, first.stderr[-3000:]
+    p = subprocess.run([*base, "-n", "3", *script, "12"], capture_output=True, text=True, timeout=240)
+    assert p.returncode == 2, p.stderr[-3000:]
+    assert "saved by 2 workers and this run has 3: state['data'] keeps a position per rank" in p.stderr
+    assert not evs(tmp_path, "restart")  # terminal: no restart would fix it
