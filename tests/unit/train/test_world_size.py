@@ -132,4 +132,11 @@ def test_dtensor_is_staged_as_its_local_shard_and_checksums_verify(tmp_path: Pat
     plain = {"m": {"w": torch.zeros(4, 3)}}  # a DTensor checkpoint loads into a plain tensor
     assert eng.load(plain) is not None
     assert torch.equal(plain["m"]["w"], full + 100)
+    # a large DTensor: the one-pass restore reads it into the staging buffer of its local shard
+    big = distribute_tensor(torch.randn(512, 1024), mesh, [Shard(0)])
+    assert eng.save(2, {"m": {"w": big}})
+    eng.wait()
+    into = {"m": {"w": distribute_tensor(torch.zeros(512, 1024), mesh, [Shard(0)])}}
+    r = eng.load(into)
+    assert r is not None and r.step == 2 and torch.equal(into["m"]["w"].to_local(), big.to_local())
     eng.close()
