@@ -26,6 +26,7 @@ __all__ = [
     "mttr",
     "failures_by_cause",
     "checkpoint_stats",
+    "spike_stats",
     "interval_decisions",
     "mtbf_history",
     "summarize",
@@ -132,6 +133,38 @@ def mttr(events: Events | Walk) -> dict[str, Any]:
         "max_s": max(vals) if vals else None,
         "phases_mean_s": phases,
         "recompute_mean_s": sum(i.recompute_s for i in rec) / len(rec) if rec else None,
+    }
+
+
+def spike_stats(events: Events | Walk) -> dict[str, Any]:
+    """Loss-spike alarms by kind and outcome, and the false alarms among them (docs/reliability.md).
+
+    ``flagged`` = alarms (one per session and step); ``injected`` = those a drill caused; ``outcome``
+    splits all of them: ``transient`` (the replay passed the step), ``data_driven`` (the replay
+    reproduced it; ``identical``: with exactly the same value), ``unresolved`` (no replay yet).
+    ``false_alarms`` = data-driven alarms on a finite loss that no drill injected."""
+    alarms = _walk(events).alarms
+    outcome = Counter(a.outcome for a in alarms)
+    return {
+        "flagged": len(alarms),
+        "injected": sum(a.injected for a in alarms),
+        "non_finite": sum(a.value is None for a in alarms),
+        "outcome": {k: outcome.get(k, 0) for k in ("transient", "data_driven", "unresolved")},
+        "identical": sum(a.identical for a in alarms),
+        "false_alarms": sum(a.false_alarm for a in alarms),
+        "alarms": [
+            {
+                "session": a.session,
+                "step": a.step,
+                "value": a.value,
+                "injected": a.injected,
+                "outcome": a.outcome,
+                "replay_value": a.replay_value,
+                "identical": a.identical,
+                "false_alarm": a.false_alarm,
+            }
+            for a in alarms
+        ],
     }
 
 
@@ -272,6 +305,7 @@ def summarize(events: Events, run_dir: str | None = None) -> dict[str, Any]:
         "rollbacks": len(w.rollbacks),
         "skipped_windows": len(w.skipped_windows),
         "skipped_steps": sum(b - a for a, b in w.skipped_windows),
+        "spikes": spike_stats(w),
         "restores": len(w.restores),
         "worker_init_s": _dist(ready),
         "checkpoints": checkpoint_stats(w),

@@ -54,6 +54,25 @@ def _pct(x: float | None) -> str:
     return "—" if x is None else f"{100.0 * x:.1f}%"
 
 
+def _spikes(sp: dict[str, Any]) -> str:
+    """One line: alarms by kind and outcome, then the false alarms (docs/reliability.md)."""
+    out = sp["outcome"]
+    parts = [f"{sp['flagged']} flagged"]
+    if sp["injected"]:
+        parts.append(f"{sp['injected']} injected")
+    if out["transient"]:
+        parts.append(f"{out['transient']} transient (the replay cleared it)")
+    if out["data_driven"]:
+        parts.append(
+            f"{out['data_driven']} data-driven (the replay reproduced it, {sp['identical']} identically;"
+            " its batches skipped)"
+        )
+    if out["unresolved"]:
+        parts.append(f"{out['unresolved']} unresolved")
+    style = "bold red" if sp["false_alarms"] else "green"
+    return ", ".join(parts) + f"; [{style}]false alarms {sp['false_alarms']}[/]"
+
+
 def render(summary: dict[str, Any], console: Console | None = None) -> None:
     """Print the report: summary, MTTR phases, badput, failures, checkpoints, interval decisions."""
     from rich.console import Console
@@ -87,6 +106,9 @@ def render(summary: dict[str, Any], console: Console | None = None) -> None:
     head.add_row("restarts / rollbacks", f"{s['restarts']} / {s['rollbacks']}")
     if s.get("skipped_windows"):
         head.add_row("skipped batches", f"{s['skipped_steps']} steps in {s['skipped_windows']} window(s)")
+    sp = s.get("spikes")
+    if sp is not None:
+        head.add_row("loss spikes", _spikes(sp))
     con.print(head)
 
     if m["count"]:

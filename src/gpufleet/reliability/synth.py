@@ -126,15 +126,17 @@ class LedgerBuilder:
         teardown_s: float = 1.0,
         rank: int = 1,
         lag_s: float = 0.0,
+        spike_value: float | None = 1e6,
     ) -> LedgerBuilder:
         """The failure happens ``lag_s`` after the last event; detected ``detect_s`` later.
 
-        A ``spike`` is preceded by rank 0's ``spike`` report for the step it happened at."""
+        A ``spike`` is preceded by rank 0's ``spike`` report for the step it happened at (its loss
+        ``spike_value``; None for NaN)."""
         self.t += lag_s
         happened = self.t
         self._failed_step = self.next_step
         if cause == E.FailureCause.SPIKE:
-            self._rank0("spike", step=self.next_step, reason="loss spike", value=1e6)
+            self._rank0("spike", step=self.next_step, reason="loss spike", value=spike_value)
         self.t += detect_s
         extra = {"signal": 9, "detail": "killed by signal 9"} if cause == E.FailureCause.CRASH else {}
         self.emit(
@@ -171,6 +173,7 @@ class LedgerBuilder:
                 mode="skip",
                 skip_from=window[0],
                 skip_to=window[1],
+                data_driven=True,
                 attempt=self.attempt,
             )
         elif rollback:

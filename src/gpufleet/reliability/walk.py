@@ -21,6 +21,12 @@ The rules (the formulas built on them are in docs/reliability.md):
 * A **rollback** is the supervisor's ``rollback`` decision; a **skipped window** is a ``skip``
   event rank 0 emits when it jumps over the batch window a ``skip`` rollback decided. The same window
   skipped again (after a later restart from before it) counts once.
+* A **loss-spike alarm** is the first ``spike`` event at a step (per session). Its kind: *injected*
+  when a ``nan``/``spike`` drill fired at that step in that attempt; its outcome: *data-driven* when a
+  later ``spike`` at the same step shows the replay reproduced it (*identical* when the two values
+  are equal), *transient* when a later ``step`` event completes that step without one, else
+  *unresolved*. A *false alarm* is a data-driven alarm on a finite loss that no drill injected
+  (docs/reliability.md, "Loss spikes").
 * Incident time points: happened (``happened_t``, else ``t − detected.detect_s``, else ``t``) →
   detected (failure ``t``) → teardown end (last ``teardown`` ``t``) → load start (``restore.t −
   load_s``) → restored (``restore.t``) → first step (its ``t``). MTTR and its phases are the
@@ -35,7 +41,7 @@ from typing import Any, TypeVar
 
 from gpufleet.core import events as E
 
-__all__ = ["StepExec", "Incident", "Session", "Walk", "walk", "typed"]
+__all__ = ["StepExec", "Incident", "SpikeAlarm", "Session", "Walk", "walk", "typed"]
 
 _Ev = TypeVar("_Ev", bound=E.Event)
 
@@ -117,6 +123,26 @@ class Incident:
 
 
 @dataclass
+class SpikeAlarm:
+    """The loss guard fired at ``step`` (its first ``spike`` event there) and what the replay showed."""
+
+    session: int
+    attempt: int
+    step: int
+    value: float | None  # the mean loss (None: NaN or inf)
+    reason: str
+    injected: bool = False  # a nan/spike drill fired at this step
+    outcome: str = "unresolved"  # transient | data_driven | unresolved
+    replay_value: float | None = None  # data_driven: the loss the replay saw
+    identical: bool = False  # data_driven: the replay saw exactly the same value
+
+    @property
+    def false_alarm(self) -> bool:
+        """Reproduced by the replay (so the machine computed it right), finite, and not a drill."""
+        return self.outcome == "data_driven" and self.value is not None and not self.injected
+
+
+@dataclass
 class Session:
     index: int
     id: str | None
@@ -143,6 +169,7 @@ class Walk:
     restores: list[E.Restore] = field(default_factory=list)
     rollbacks: list[E.Rollback] = field(default_factory=list)  # the supervisor's rollback decisions
     skips: list[E.Skip] = field(default_factory=list)  # every skip event (a window may repeat)
+    alarms: list[SpikeAlarm] = field(default_factory=list)  # loss-spike alarms, one per session and step
     worker_ready: list[E.WorkerReady] = field(default_factory=list)
     by_kind: dict[type[E.Event], list[E.Event]] = field(default_factory=dict)
     load_s: float = 0.0  # every restore's load_s
@@ -206,6 +233,8 @@ class _Walker:
         attempt_has_step = False
         attempt_load_start: float | None = None
         inc: Incident | None = None
+        drills: set[tuple[int, int]] = set()  # (attempt, step) where a nan/spike drill fired
+        alarms: dict[int, SpikeAlarm] = {}  # step -> this session's alarm there
         for e in evs:
             t = e.t
             self.w.by_kind.setdefault(type(e), []).append(e)
@@ -261,6 +290,21 @@ class _Walker:
                     self.w.rollbacks.append(e)
                 case E.Skip():
                     self.w.skips.append(e)
+                case E.Inject():
+                    if e.fault in ("nan", "spike"):
+                        drills.add((e.attempt if e.attempt is not None else attempt, e.step))
+                case E.Spike():
+                    at = e.attempt if e.attempt is not None else attempt
+                    value = e.value if e.value is None else _f(e.value, float("nan"))
+                    value = None if value != value else value
+                    alarm = alarms.get(e.step)
+                    if alarm is None:
+                        alarm = SpikeAlarm(si, at, e.step, value, e.reason, injected=(at, e.step) in drills)
+                        alarms[e.step] = alarm
+                        self.w.alarms.append(alarm)
+                    elif alarm.outcome == "unresolved":
+                        alarm.outcome, alarm.replay_value = "data_driven", value
+                        alarm.identical = value == alarm.value
                 case E.Step():
                     ex = StepExec(
                         step=e.step,
@@ -270,6 +314,9 @@ class _Walker:
                         session=si,
                         attempt=e.attempt if e.attempt is not None else attempt,
                     )
+                    alarm = alarms.get(ex.step)
+                    if alarm is not None and alarm.outcome == "unresolved":
+                        alarm.outcome = "transient"
                     if ex.step in self.live:
                         self.roll_back(ex.step, inc)
                     self.live[ex.step] = ex
