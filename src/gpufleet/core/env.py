@@ -33,6 +33,7 @@ class Env(StrEnum):
     MTBF = "GPUFLEET_MTBF"
     SPIKE_WINDOW = "GPUFLEET_SPIKE_WINDOW"
     SPIKE_THRESHOLD = "GPUFLEET_SPIKE_THRESHOLD"
+    SPIKE_LEVEL = "GPUFLEET_SPIKE_LEVEL"
     OVERLAP = "GPUFLEET_OVERLAP"
     # Supervisor -> worker plumbing (set by the supervisor and its backends, never by users).
     CONTROL_FD = "GPUFLEET_CONTROL_FD"

@@ -81,6 +81,7 @@ SETTING_ENV: dict[str, Env] = {
     "mtbf_s": Env.MTBF,
     "spike_window": Env.SPIKE_WINDOW,
     "spike_threshold": Env.SPIKE_THRESHOLD,
+    "spike_level": Env.SPIKE_LEVEL,
     "overlap_staging": Env.OVERLAP,
 }
 # field -> the `gpufleet run` flag that sets it
@@ -116,6 +117,7 @@ class RunSettings(BaseModel):
     mtbf_s: float | None = Field(None, gt=0)  # configured MTBF for `auto` before the ledger has failures
     spike_window: int = Field(50, ge=3)
     spike_threshold: float = Field(8.0, gt=0)
+    spike_level: float = Field(0.1, ge=0)  # a spike exceeds the median by this x the run's loss scale
     overlap_staging: bool = True  # copy params/optimizer state during the next forward/backward
     # Set by the supervisor only:
     control_fd: int | None = Field(None, ge=0)

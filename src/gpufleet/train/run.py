@@ -78,7 +78,9 @@ class Run:
         self._faults = FaultInjector(
             faults_from_env(settings.faults), self.rank, self.sink.emit, settle=self._settle_checkpoint
         )
-        self._guard = SpikeGuard(window=settings.spike_window, threshold=settings.spike_threshold)
+        self._guard = SpikeGuard(
+            window=settings.spike_window, threshold=settings.spike_threshold, level_frac=settings.spike_level
+        )
         self._skips: list[list[int]] = [list(w) for w in settings.rollback.skip]
         self._engine: Any = None
         self._policy: Any = None
