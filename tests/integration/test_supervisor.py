@@ -103,6 +103,7 @@ def test_recurring_spike_rolls_back_and_skips_its_batches(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     rb = evs(tmp_path, "rollback")
     assert [r["mode"] for r in rb] == ["replay", "skip"]
+    assert [r["data_driven"] for r in rb] == [False, True]  # the replay reproduced it
     assert rb[1]["skip_to"] == 31 and rb[1]["to_step"] <= 30 - 10
     skips = evs(tmp_path, "skip")
     assert skips and skips[0]["skipped_to"] == 31
@@ -114,6 +115,21 @@ def test_max_rollbacks_breaker(tmp_path):
     p = gpufleet_run(tmp_path, "--max-rollbacks", "1", "--inject", "nan:step=8,persist=1", steps=20)
     assert p.returncode == 5, p.stderr[-2000:]
     assert evs(tmp_path, "run_end")[-1]["status"] == "max_rollbacks"
+
+
+def test_injected_spikes_and_nans_across_the_run_are_all_caught_within_the_rollback_rate(tmp_path):
+    """Four drills across a converging run (loss 13 -> ~0.5): each is caught at its step and cleared
+    by the replay. Four rollbacks exceed the old lifetime cap of 3, but not 3 per 20 steps."""
+    drills = {15: "spike", 45: "nan", 75: "spike", 100: "nan"}
+    specs = [a for step, kind in drills.items() for a in ("--inject", f"{kind}:step={step}")]
+    p = gpufleet_run(tmp_path, "--rollback-window", "20", *specs, steps=110, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert [e["step"] for e in evs(tmp_path, "spike")] == list(drills)
+    assert [r["mode"] for r in evs(tmp_path, "rollback")] == ["replay"] * 4
+    rep = subprocess.run([*GPUFLEET, "report", str(tmp_path), "--json"], capture_output=True, text=True)
+    spikes = json.loads(rep.stdout)["spikes"]
+    assert spikes["flagged"] == spikes["injected"] == spikes["outcome"]["transient"] == 4
+    assert spikes["non_finite"] == 2 and spikes["false_alarms"] == 0
 
 
 def test_no_progress_breaker_has_its_own_exit_code(tmp_path):
