@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from gpufleet.core.exitcodes import ExitCode
+
 __all__ = ["Comparison", "WeightsDigest", "compare_runs", "latest_checkpoint", "load_model_tensors", "main"]
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -164,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         c = compare_runs(args.run_a, args.run_b, args.prefix)
     except (FileNotFoundError, ValueError) as e:
         print(f"compare: error: {e}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     if args.json:
         print(json.dumps(c.to_dict(), indent=2))
     else:

@@ -14,11 +14,10 @@ from typing import Annotated
 import typer
 
 from gpufleet.core.errors import UsageError
+from gpufleet.core.exitcodes import ExitCode
 
-__all__ = ["register", "bench", "EXIT_ALL_FAILED", "EXIT_INTERRUPTED"]
+__all__ = ["register", "bench"]
 
-EXIT_ALL_FAILED = 1
-EXIT_INTERRUPTED = 130
 
 Opt = typer.Option
 
@@ -243,7 +242,7 @@ def bench(
         )
         if cap["interrupted"]:
             err.print("interrupted: partial results written")
-            return EXIT_INTERRUPTED
+            return ExitCode.INTERRUPTED
         return 0
 
     with LiveView(f"serve bench → {url}", err, enabled=show) as view:
@@ -259,7 +258,7 @@ def bench(
     err.print(f"results: {out}/summary.json, requests.csv" + ("" if no_plot else ", latency_cdf.png"))
     if res.interrupted:
         err.print("interrupted: partial results written")
-        return EXIT_INTERRUPTED
+        return ExitCode.INTERRUPTED
     if s["requests"]["measured"] and s["requests"]["ok"] == 0:
         errs = ", ".join(f"{k}: {v}" for k, v in s["errors"].items())
         print(
@@ -267,6 +266,6 @@ def bench(
             f"is the server at {url} up?",
             file=sys.stderr,
         )
-        return EXIT_ALL_FAILED
+        return ExitCode.FAILED
     return 0
 

@@ -17,11 +17,11 @@ from typing import Annotated, Any
 import typer
 
 from gpufleet.core.errors import UsageError
+from gpufleet.core.exitcodes import ExitCode
 
 __all__ = ["register", "plan_command"]
 
 Opt = typer.Option
-EXIT_INFEASIBLE = 1
 
 
 def register(app: typer.Typer) -> None:
@@ -186,7 +186,7 @@ def plan_command(
     else:
         _render(doc, result.chosen.label(), out)
     if not result.feasible:
-        raise SystemExit(EXIT_INFEASIBLE)
+        raise SystemExit(ExitCode.FAILED)  # infeasible
 
 
 def _render(doc: dict[str, Any], label: str, out: Path | None) -> None:

@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from gpufleet.core.env import Env, read_env
 from gpufleet.serve.bench.arrivals import parse_arrival
 from gpufleet.serve.bench.client import ClientConfig, endpoint_url
 from gpufleet.serve.bench.findmax import Level, search_max_rate
@@ -69,7 +70,8 @@ def max_sustainable_rate(
 
 
 def cache_path() -> Path:
-    root = os.environ.get("GPUFLEET_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "gpufleet")
+    default = os.path.join(os.path.expanduser("~"), ".cache", "gpufleet")
+    root = read_env(Env.CACHE_DIR, str, default)
     return Path(root) / "serve-calibration.json"
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
-import os
 import queue
 import signal
 import sys
@@ -24,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpufleet.core.env import Env, read_env
 from gpufleet.serve.bench.arrivals import Arrival, schedule
 from gpufleet.serve.bench.client import ClientConfig, RequestRecord, build_body, send
 from gpufleet.serve.common.workload import TraceWorkload, Workload
@@ -203,7 +203,7 @@ async def _worker_async(
 
 def _run_loop(coro: Any) -> Any:
     """uvloop when installed and GPUFLEET_SERVE_LOOP is not 'asyncio'; the standard loop otherwise."""
-    if os.environ.get("GPUFLEET_SERVE_LOOP", "uvloop") != "asyncio":
+    if read_env(Env.SERVE_LOOP, str, "uvloop") != "asyncio":
         try:
             import uvloop
 
