@@ -155,6 +155,46 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
     return summarize(run_dir)
 
 
+def _old_rule(losses: list[float], window: int = 50, min_history: int = 10) -> list[int]:
+    """Indices the guard before issue 9 flagged: linear robust z > 8 and more than 25% above the
+    rolling median (a flagged loss stays out of the window, as in the guard)."""
+    hist: list[float] = []
+    out = []
+    for i, v in enumerate(losses):
+        if len(hist) >= min_history:
+            med = statistics.median(hist)
+            mad = statistics.median(abs(x - med) for x in hist)
+            if (v - med) / max(1.4826 * mad, 1e-12) > 8.0 and v - med > 0.25 * abs(med):
+                out.append(i)
+                continue
+        hist = (hist + [v])[-window:]
+    return out
+
+
+def kept_losses(evs: list[dict[str, Any]]) -> list[float]:
+    """The loss of every step index, from its last execution (the trajectory the model kept)."""
+    by_step = {e["step"]: e["loss"] for e in evs if e["ev"] == "step" and e.get("loss") is not None}
+    return [by_step[k] for k in sorted(by_step)]
+
+
+def _replayed(losses: list[float]) -> dict[str, Any]:
+    """The kept loss series through today's guard and the guard before issue 9, offline."""
+    from gpufleet.train.spike import SpikeGuard
+
+    guard = SpikeGuard()
+    new = [i for i, v in enumerate(losses) if guard.check(v) is not None]
+    old = _old_rule(losses)
+    return {
+        "steps": len(losses),
+        "flagged_now": new,
+        "flagged_by_old_rule": old,
+        "old_rule_examples": [
+            {"step": i, "loss": losses[i], "median_before": statistics.median(losses[max(0, i - 50) : i])}
+            for i in old[:5]
+        ],
+    }
+
+
 def summarize(run_dir: Path) -> dict[str, Any]:
     """The soak's figures from its run directory (ledger + the soak's own kill log and samples)."""
     side = json.loads((run_dir / "soak_kills.json").read_text())
@@ -163,8 +203,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     )
     report = json.loads(rep.stdout)
     evs = _events(run_dir)
-    steps = [e for e in evs if e["ev"] == "step"]
-    losses = [e["loss"] for e in steps if e.get("loss") is not None]
+    losses = kept_losses(evs)
     samples = side["samples"]
     give_ups = [e["reason"] for e in evs if e["ev"] == "give_up"]
     crash = [i for i in report["incidents"] if i["cause"] == "crash"]
@@ -183,7 +222,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
             "min": min(losses) if losses else None,
         },
         "kills": len(side["kills"]),
-        "kill_every_s": side["kill_every_s"],
+        "kill_every_s": side.get("kill_every_s"),
         "crash_incidents": len(crash),
         "crash_recovered": sum(1 for i in crash if i["recovered"]),
         "failures_by_cause": report["failures"]["by_cause"],
@@ -191,6 +230,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         "give_up_reasons": give_ups,
         "rollbacks": report["rollbacks"],
         "spikes": report.get("spikes"),
+        "replayed_loss_series": _replayed(losses),
         "goodput": report["goodput"],
         "mttr_mean_s": report["mttr"]["mean_s"],
         "load1": {
