@@ -10,7 +10,7 @@ replays bit-identically, so a spike that recurs at the same step was reproduced 
 the ``skip`` rollback says so (``data_driven``), and the report tells it apart from a hardware fault.
 
 The rollback budget is a rate, not a lifetime count: the run stops (exit 5) when more than
-``max_rollbacks`` rollbacks fall within ``per_steps`` training steps of each other
+``max_rollbacks`` rollbacks fall within ``per_steps`` training steps of the newest one
 (:meth:`RollbackPlanner.over_budget`). A run that keeps spiking dies quickly; a long healthy run
 with an occasional data-driven spike never uses its budget up. ``per_steps=0`` counts the whole run.
 """
