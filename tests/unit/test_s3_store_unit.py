@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpufleet.checkpoint.s3 import S3Store, parse_s3_url
@@ -125,3 +127,13 @@ def test_call_recovers(store: S3Store) -> None:
 
 def test_repr_hides_credentials(store: S3Store) -> None:
     assert "very-secret-value" not in repr(store) and "AKIDEXAMPLE" not in repr(store)
+
+
+def test_empty_objects_are_created_without_a_request(store: S3Store, tmp_path: Path) -> None:
+    from gpufleet.checkpoint.s3 import _Job
+
+    # The endpoint is closed (port 1): any GET would fail. Zero-byte objects need none.
+    stale = tmp_path / "b.bin"
+    stale.write_bytes(b"left over from an older download")
+    store._fetch([_Job("run1/step_1/a.bin", tmp_path / "a.bin", 0), _Job("run1/step_1/b.bin", stale, 0)])
+    assert (tmp_path / "a.bin").read_bytes() == b"" and stale.read_bytes() == b""
