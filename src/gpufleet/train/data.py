@@ -22,16 +22,24 @@ a worker prefetched it, and the replay restarts the prefetch from the next batch
 
 The checkpoint ``run.steps`` takes at step S holds the loader after step S-1's batch: take the
 batch inside the loop body (``next(batches)``, or ``zip(run.steps(...), batches)``).
+
+Another world size: the position is also saved in global samples (``shared_state_dict``: epoch and
+the samples of its ``DistributedSampler`` order all ranks consumed, equal on every rank). With a
+``DistributedSampler`` as the loader's sampler, a run resumed by another number of workers deals the
+rest of the interrupted epoch (the same permutation from the next unconsumed sample, padded or
+cut to equal shares as ``DistributedSampler`` does) over the new ranks, then runs the following
+epochs as the new sampler draws them. Any other sampler's position is per rank: refused.
 """
 
 from __future__ import annotations
 
+import math
 import pickle
 from collections.abc import Iterator
 from typing import Any, Literal
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
 from gpufleet.core.errors import ConfigError
 
@@ -102,6 +110,22 @@ class _SkipFirst:
         return len(self.inner)
 
 
+class _RestOfEpoch:
+    """Stands in for the loader's (batch) sampler for one epoch: the first iteration yields ``first``
+    (the rest of a resharded epoch), every later one the sampler itself (persistent workers keep it)."""
+
+    def __init__(self, inner: Any, first: list[Any]) -> None:
+        self.inner = inner
+        self.first: list[Any] | None = first
+
+    def __iter__(self) -> Iterator[Any]:
+        first, self.first = self.first, None
+        return iter(first) if first is not None else iter(self.inner)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+
 def _sized_len(obj: Any) -> int | None:
     try:
         return len(obj)
@@ -128,12 +152,31 @@ class ResumableLoader:
         self._it: Iterator[Any] | None = None
         self._epoch_rng: dict[str, bytes] = {}
         self._pending_replay = False
+        # global samples of this epoch's DistributedSampler order consumed before this rank's
+        # iterator started (a resume at another world size: the epoch goes on from there)
+        self._offset = 0
+        self._offset_world: int | None = None  # the world size whose batches ``batch`` counts
+        self._pending_rest: int | None = None  # resume the epoch at this global sample
 
     # ------------------------------------------------------------------ facts about the loader
     @property
     def steps_per_epoch(self) -> int | None:
         """Batches per epoch (``len(loader)``, after ``drop_last``), or None when the loader has no length."""
         return _sized_len(self.loader)
+
+    @property
+    def follows_world_size(self) -> bool:
+        """Can this loader resume at another world size (its sampler is a DistributedSampler)?"""
+        return isinstance(self.loader.sampler, DistributedSampler) and self.loader.batch_size is not None
+
+    def _world(self) -> int:
+        sampler = self.loader.sampler
+        return sampler.num_replicas if isinstance(sampler, DistributedSampler) else 1
+
+    def _consumed(self) -> int:
+        """Global samples of this epoch's order taken by all ranks so far."""
+        world = self._offset_world if self._offset_world is not None else self._world()
+        return self._offset + self.batch * int(self.loader.batch_size or 1) * world
 
     def _generators(self) -> dict[str, torch.Generator]:
         """The generators the loader draws from, named by where they sit (each object once)."""
@@ -181,6 +224,7 @@ class ResumableLoader:
                 raise ConfigError("the data loader yielded no batch in a whole epoch (empty dataset?)")
             self.epoch += 1
             self.batch = 0
+            self._offset, self._offset_world = 0, None
             self._started = False
             self._begin_epoch()
             item = next(self._it, _END)
@@ -190,6 +234,13 @@ class ResumableLoader:
         return item
 
     def _begin_epoch(self) -> None:
+        if self._pending_rest is not None:
+            position, self._pending_rest = self._pending_rest, None
+            self._pending_replay = False
+            if self._rest_of_epoch(position):
+                return
+            self.epoch += 1  # nothing of that epoch left for anyone: the next one, as usual
+            self.batch, self._offset, self._offset_world, self._started = 0, 0, None, False
         if self._pending_replay:
             self._pending_replay = False
             self._replay()
@@ -238,6 +289,47 @@ class ResumableLoader:
             loader.generator = saved_gen
             torch.set_rng_state(now)
 
+    def _rest_of_epoch(self, position: int) -> bool:
+        """Start this epoch at global sample ``position`` of its DistributedSampler order, dealt over
+        this run's ranks; False when nothing is left of it."""
+        loader = self.loader
+        sampler = loader.sampler
+        assert isinstance(sampler, DistributedSampler)
+        # the epoch's whole order, as DistributedSampler itself draws it (one replica, no padding)
+        whole = DistributedSampler(
+            sampler.dataset, num_replicas=1, rank=0, shuffle=sampler.shuffle, seed=sampler.seed
+        )
+        whole.set_epoch(self.epoch)
+        rest = list(whole)[position:]
+        world, rank = sampler.num_replicas, sampler.rank
+        if sampler.drop_last:
+            rest = rest[: len(rest) - len(rest) % world]
+        elif rest:
+            pad = -len(rest) % world
+            rest += (rest * math.ceil(pad / len(rest)))[:pad]
+        mine = rest[rank::world]
+        if not mine:
+            return False
+        size = int(loader.batch_size or 1)
+        batches = [mine[i : i + size] for i in range(0, len(mine), size)]
+        if loader.drop_last and len(batches[-1]) < size:
+            batches.pop()
+        if not batches:
+            return False
+        self._epoch_rng = self._capture_rng()
+        self._started = True
+        self._offset, self._offset_world, self.batch = position, world, 0
+        self._set_epoch()
+        now = torch.get_rng_state()  # making the iterator draws a base seed: keep the global stream
+        original = loader.batch_sampler
+        object.__setattr__(loader, "batch_sampler", _RestOfEpoch(original, batches))
+        try:
+            self._it = iter(loader)
+        finally:
+            object.__setattr__(loader, "batch_sampler", original)
+            torch.set_rng_state(now)
+        return True
+
     def _iter_skipping(self, n: int) -> Iterator[Any]:
         loader = self.loader
         attr = "batch_sampler" if loader.batch_sampler is not None else "sampler"
@@ -268,7 +360,45 @@ class ResumableLoader:
             "num_samples": _sized_len(self.loader.dataset),
             "batches_per_epoch": self.steps_per_epoch,
             "rng": pickle.dumps(self._epoch_rng),
+            "offset": self._offset,
+            "offset_world": self._offset_world,
         }
+
+    def shared_state_dict(self) -> dict[str, Any]:
+        """The position in global samples, equal on every rank (saved once for all ranks)."""
+        return {
+            "format": _FORMAT,
+            "epoch": self.epoch,
+            "consumed": self._consumed(),
+            "world_size": self._world(),
+            "num_samples": _sized_len(self.loader.dataset),
+        }
+
+    def load_shared_state_dict(self, sd: dict[str, Any]) -> None:
+        """Resume at another world size from the global position (a DistributedSampler only)."""
+        if not self.follows_world_size:
+            raise ConfigError(
+                "this data loader's position is per rank and does not carry over to another number of "
+                "workers: give it a DistributedSampler, or use gpufleet.StepSampler"
+            )
+        if sd.get("format") != _FORMAT:
+            raise ConfigError(f"unknown data loader state format {sd.get('format')!r}")
+        samples = _sized_len(self.loader.dataset)
+        if sd["num_samples"] != samples:
+            raise ConfigError(
+                f"the data loader changed since the checkpoint (samples {sd['num_samples']} -> {samples}); "
+                "resuming it would repeat or skip samples"
+            )
+        self._drop_iterator()
+        self.epoch = int(sd["epoch"])
+        self.batch, self._offset, self._offset_world = 0, 0, None
+        self._pending_replay = False
+        self._pending_rest = int(sd["consumed"])
+
+    def _drop_iterator(self) -> None:
+        self._it = None  # an iterator already running (and its workers) is dropped
+        if getattr(self.loader, "_iterator", None) is not None:
+            self.loader._iterator = None  # a persistent-workers iterator would ignore the replay
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         if sd.get("format") != _FORMAT:
@@ -283,14 +413,17 @@ class ResumableLoader:
             )
         if self.steps_per_epoch is not None and int(sd["batch"]) > self.steps_per_epoch:
             raise ConfigError(_short_epoch(int(sd["epoch"]), int(sd["batch"])))
-        self._it = None  # an iterator already running (and its workers) is dropped
-        if getattr(self.loader, "_iterator", None) is not None:
-            self.loader._iterator = None  # a persistent-workers iterator would ignore the replay
+        self._drop_iterator()
         self.epoch = int(sd["epoch"])
         self.batch = int(sd["batch"])
         self._started = bool(sd["started"])
         self._epoch_rng = pickle.loads(sd["rng"])
         self._pending_replay = self._started
+        self._offset, self._offset_world = int(sd.get("offset", 0)), sd.get("offset_world")
+        self._pending_rest = None
+        if self._offset:  # inside an epoch resharded at its start: go on in global samples
+            self._pending_rest = self._consumed()
+            self.batch, self._offset, self._offset_world = 0, 0, None
 
 
 def _short_epoch(epoch: int, batch: int) -> str:

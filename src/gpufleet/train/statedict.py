@@ -7,11 +7,14 @@ as they are and replaced in the user's dict on restore.
 
 Resuming at another world size (a checkpoint saved by W workers, resumed by W'):
 - modules and optimizers, sharded (FSDP2/DTensor) or replicated (DDP), are resharded by DCP;
-- a per-rank object takes the state saved by the same rank when there is one. A rank the saving run
-  did not have (r >= W) calls the object's ``resume_without_state(step, rank)``: ``RNGState`` seeds its
-  generators from (step, rank), deterministically. A per-rank object without that method (a
-  ``gpufleet.resumable`` loader: its position is per rank) refuses the change with a ConfigError,
-  on every rank, since its saved positions do not describe the new ranks' shards of the data.
+- a per-rank object with ``shared_state_dict``/``load_shared_state_dict`` (``gpufleet.resumable`` with
+  a ``DistributedSampler``: the position in global samples, saved next to the per-rank entries
+  under ``<name>.shared``) resumes on every rank from that shared position;
+- else it takes the state saved by the same rank when there is one, and a rank the saving run did
+  not have (r >= W) calls the object's ``resume_without_state(step, rank)``: ``RNGState`` seeds its
+  generators from (step, rank), deterministically;
+- a per-rank object with neither (a ``gpufleet.resumable`` loader without a DistributedSampler: its
+  position is per rank) refuses the change with a ConfigError on every rank.
 """
 
 from __future__ import annotations
@@ -31,6 +34,18 @@ from torch.utils.data import DataLoader
 from gpufleet.core.errors import ConfigError
 
 __all__ = ["StateMapper"]
+
+_SHARED = "shared"  # next to ``rank<R>``: a per-rank object's position that is equal on every rank
+
+
+def _follow(obj: Any) -> str | None:
+    """How a per-rank object follows a changed world size: "shared" (from the position all ranks
+    share), "derive" (own saved state, or one derived for a new rank), or None (it cannot)."""
+    if callable(getattr(obj, "load_shared_state_dict", None)) and getattr(obj, "follows_world_size", True):
+        return "shared"
+    if callable(getattr(obj, "resume_without_state", None)):
+        return "derive"
+    return None
 
 
 class StateMapper:
@@ -53,6 +68,7 @@ class StateMapper:
         if optims and len(modules) != 1:
             raise ConfigError("put exactly one model next to the optimizer(s) in the restore dict")
         self._model_key = modules[0] if modules else None
+        self._resharding = False  # set by check_world_size: the checkpoint came from another world size
         self.optimizers = [state[k] for k in optims]
 
     @property
@@ -63,25 +79,29 @@ class StateMapper:
         return f"rank{self.rank}"
 
     def rank_entries(self) -> list[tuple[str, str]]:
-        """``(name, rank key)`` of this rank's per-rank entries; a checkpoint by fewer ranks lacks them."""
-        return [(k, self._rank_key(k)) for k, v in self.state.items() if getattr(v, "per_rank", False)]
+        """``(name, key)`` of this rank's per-rank entries, and of the shared positions next to them: a
+        checkpoint saved by fewer ranks (or before shared positions were saved) lacks them."""
+        out: list[tuple[str, str]] = []
+        for k, v in self.state.items():
+            if getattr(v, "per_rank", False):
+                out.append((k, self._rank_key(k)))
+                if callable(getattr(v, "shared_state_dict", None)):
+                    out.append((k, _SHARED))
+        return out
 
     def check_world_size(self, saved: int | None, world_size: int) -> None:
         """ConfigError when the checkpoint's world size differs and a per-rank object cannot follow."""
         if saved is None or saved == world_size:
             return
-        stuck = [
-            k
-            for k, v in self.state.items()
-            if getattr(v, "per_rank", False) and not callable(getattr(v, "resume_without_state", None))
-        ]
+        stuck = [k for k, v in self.state.items() if getattr(v, "per_rank", False) and _follow(v) is None]
         if stuck:
             raise ConfigError(
                 f"the checkpoint was saved by {saved} workers and this run has {world_size}: "
                 f"state[{stuck[0]!r}] keeps a position per rank, which does not carry over to another "
-                f"number of workers (resuming would repeat or skip samples). Resume with -n {saved}, or "
-                f"index the data with gpufleet.StepSampler, whose position is in global samples"
+                f"number of workers (resuming would repeat or skip samples). Resume with -n {saved}, give "
+                f"the loader a DistributedSampler, or index the data with gpufleet.StepSampler"
             )
+        self._resharding = True
 
     def collect(self) -> dict[str, Any]:
         """The current state as a nested dict of tensors and plain values (references, not copies)."""
@@ -94,6 +114,8 @@ class StateMapper:
                 sd[name] = get_optimizer_state_dict(self.model, obj)
             elif getattr(obj, "per_rank", False):
                 sd[name] = {self._rank_key(name): obj.state_dict()}
+                if callable(getattr(obj, "shared_state_dict", None)):
+                    sd[name][_SHARED] = obj.shared_state_dict()  # equal on every rank: DCP keeps one
             elif hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):
                 sd[name] = obj.state_dict()
             else:
@@ -102,28 +124,41 @@ class StateMapper:
 
     def apply(self, sd: dict[str, Any], *, step: int = 0) -> None:
         """Load ``sd`` (as returned by the checkpoint engine) back into the objects. ``step``: the
-        checkpoint's step, from which a rank without saved per-rank state derives its own."""
+        checkpoint's step, from which a rank without saved per-rank state derives its own. Call
+        :meth:`check_world_size` first: it decides how per-rank objects follow a changed world size."""
         for name, obj in list(self.state.items()):
-            if name not in sd:
-                if getattr(obj, "per_rank", False) and callable(getattr(obj, "resume_without_state", None)):
-                    obj.resume_without_state(step, self.rank)  # the engine dropped this rank's absent entry
+            value = sd.get(name)
+            if getattr(obj, "per_rank", False):
+                self._apply_per_rank(name, obj, value if isinstance(value, dict) else {}, step)
                 continue
-            value = sd[name]
+            if name not in sd:
+                continue
             if isinstance(obj, torch.nn.Module):
                 set_model_state_dict(obj, value)
             elif isinstance(obj, torch.optim.Optimizer):
                 assert self.model is not None
                 set_optimizer_state_dict(self.model, obj, value)
-            elif getattr(obj, "per_rank", False):
-                mine = value.get(self._rank_key(name)) if isinstance(value, dict) else None
-                if mine is not None:
-                    obj.load_state_dict(mine)
-                else:  # saved by fewer ranks than this run has (check_world_size vetted the object)
-                    obj.resume_without_state(step, self.rank)
             elif hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):
                 obj.load_state_dict(value)
             else:
                 self.state[name] = value
+
+    def _apply_per_rank(self, name: str, obj: Any, value: dict[str, Any], step: int) -> None:
+        mine = value.get(self._rank_key(name))
+        how = _follow(obj) if self._resharding else None
+        if how == "shared":
+            if _SHARED not in value:
+                raise ConfigError(
+                    f"state[{name!r}]: the checkpoint predates positions in global samples; "
+                    "resume it with the number of workers that saved it"
+                )
+            obj.load_shared_state_dict(value[_SHARED])
+        elif mine is not None:
+            obj.load_state_dict(mine)
+        elif how == "derive":  # a rank the saving run did not have
+            obj.resume_without_state(step, self.rank)
+        else:
+            raise ConfigError(f"the checkpoint has no state[{name!r}] for rank {self.rank}")
 
     def deferred_keys(self) -> Callable[[str], bool]:
         """Flattened keys whose copy may overlap the next forward/backward: parameters and optimizer state.

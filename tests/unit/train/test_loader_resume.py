@@ -215,4 +215,4 @@ def test_a_bare_dataloader_in_the_restore_dict_says_how_to_wrap_it() -> None:
     with pytest.raises(ConfigError, match=r"gpufleet.resumable\(loader\)"):
         StateMapper({"data": DataLoader(_ds(), BS)}, rank=0)
     mapper = StateMapper({"data": gpufleet.resumable(DataLoader(_ds(), BS))}, rank=1)
-    assert set(mapper.collect()["data"]) == {"rank1"}  # saved per rank
+    assert set(mapper.collect()["data"]) == {"rank1", "shared"}  # per rank, and the global position

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import gpufleet
 from gpufleet.checkpoint import CheckpointConfig, CheckpointEngine
@@ -81,7 +81,7 @@ def test_per_rank_loader_refuses_a_world_size_change_and_rng_follows() -> None:
     mapper.check_world_size(None, 3)
     with pytest.raises(ConfigError, match=r"saved by 2 workers and this run has 3: state\['data'\]"):
         mapper.check_world_size(2, 3)
-    assert mapper.rank_entries() == [("data", "rank0"), ("rng", "rank0")]
+    assert mapper.rank_entries() == [("data", "rank0"), ("data", "shared"), ("rng", "rank0")]
     StateMapper({"rng": RNGState(), "x": 1}, rank=2).check_world_size(2, 3)  # RNG alone can follow
 
 
@@ -140,3 +140,71 @@ def test_dtensor_is_staged_as_its_local_shard_and_checksums_verify(tmp_path: Pat
     r = eng.load(into)
     assert r is not None and r.step == 2 and torch.equal(into["m"]["w"].to_local(), big.to_local())
     eng.close()
+
+
+def _dist_loader(world: int, rank: int, n: int = 50, batch: int = 3) -> gpufleet.ResumableLoader:
+    ds = TensorDataset(torch.arange(n))
+    sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=5)
+    return gpufleet.resumable(DataLoader(ds, batch_size=batch, sampler=sampler))
+
+
+def _order(world: int, rank: int, epoch: int, n: int = 50) -> list[int]:
+    ds = TensorDataset(torch.arange(n))
+    s = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=5)
+    s.set_epoch(epoch)
+    return list(s)
+
+
+@pytest.mark.parametrize("new_world", [1, 3])
+def test_a_distributed_sampler_loader_resumes_at_another_world_size(new_world: int) -> None:
+    n, batch = 50, 3
+    old = [_dist_loader(2, r) for r in range(2)]
+    for _ in range(len(old[0].loader) + 4):  # into epoch 1: 4 batches of 3 on each of 2 ranks
+        for x in old:
+            next(x)
+    assert old[0].epoch == 1 and old[0].shared_state_dict() == old[1].shared_state_dict()
+    consumed = old[0].shared_state_dict()["consumed"]
+    assert consumed == 4 * batch * 2
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(5 + 1)).tolist()
+
+    new = [_dist_loader(new_world, r) for r in range(new_world)]
+    mapper = StateMapper({"data": new[-1]}, rank=new_world - 1)
+    mapper.check_world_size(2, new_world)  # a DistributedSampler's position follows
+    shared = {"shared": old[0].shared_state_dict()}
+    mapper.apply({"data": shared})  # the last rank may have had no per-rank entry: the shared one decides
+    for x in new[:-1]:
+        x.load_shared_state_dict(old[0].shared_state_dict())
+    rest: list[int] = []
+    after: list[list[int]] = []
+    while True:
+        got = [next(x)[0].tolist() for x in new]
+        if new[0].epoch != 1:
+            after = got
+            break
+        rest += [i for b in got for i in b]
+    want = perm[consumed:]
+    assert sorted(set(rest)) == sorted(want)  # every remaining sample, none taken before
+    assert len(rest) - len(want) < new_world  # repeats only to even out the ranks' shares
+    assert after == [_order(new_world, r, 2)[:batch] for r in range(new_world)]  # then epochs as usual
+
+
+def test_a_resharded_epoch_resumes_at_its_own_world_size_too() -> None:
+    old = [_dist_loader(2, r) for r in range(2)]
+    for _ in range(3):
+        for x in old:
+            next(x)
+    a = _dist_loader(3, 1)
+    a.load_shared_state_dict(old[0].shared_state_dict())
+    next(a)
+    saved = a.state_dict()
+    expect = [next(a)[0].tolist() for _ in range(12)]  # through the epoch boundary
+    b = _dist_loader(3, 1)
+    b.load_state_dict(saved)  # a restart of the 3-worker run, inside the resharded epoch
+    assert [next(b)[0].tolist() for _ in range(12)] == expect
+
+
+def test_a_loader_without_distributed_sampler_cannot_take_a_shared_position() -> None:
+    plain = gpufleet.resumable(DataLoader(TensorDataset(torch.arange(10)), batch_size=2, shuffle=True))
+    assert not plain.follows_world_size
+    with pytest.raises(ConfigError, match="DistributedSampler"):
+        plain.load_shared_state_dict(plain.shared_state_dict())
