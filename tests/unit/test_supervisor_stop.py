@@ -24,7 +24,7 @@ def test_stop_signal_during_failure_handling_starts_no_new_attempt(tmp_path):
     )
     sup = Supervisor(cfg)
 
-    def after_failure(run, ledger):  # USR1 arrives while the failure is handled
+    def after_failure(run, ledger, blame=None):  # USR1 arrives while the failure is handled
         os.kill(os.getpid(), signal.SIGUSR1)
         return CONTINUE
 

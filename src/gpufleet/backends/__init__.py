@@ -9,11 +9,20 @@ from __future__ import annotations
 
 from importlib import import_module
 
-from gpufleet.backends.base import CONTINUE, Attempt, Backend, EventChannel, LaunchSpec, Verdict, Worker
+from gpufleet.backends.base import (
+    CONTINUE,
+    Attempt,
+    Backend,
+    Blame,
+    EventChannel,
+    LaunchSpec,
+    Verdict,
+    Worker,
+)
 from gpufleet.core.errors import UsageError
 
 __all__ = [
-    "Attempt", "Backend", "CONTINUE", "EventChannel", "LaunchSpec", "Verdict", "Worker",
+    "Attempt", "Backend", "Blame", "CONTINUE", "EventChannel", "LaunchSpec", "Verdict", "Worker",
     "backend_class", "get_backend", "BACKENDS",
 ]
 

@@ -21,10 +21,11 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from gpufleet.core import events as E
 from gpufleet.core.env import Env
 from gpufleet.core.ledger import EventSink
 
-__all__ = ["LaunchSpec", "Worker", "EventChannel", "Attempt", "Verdict", "CONTINUE", "Backend"]
+__all__ = ["LaunchSpec", "Worker", "EventChannel", "Attempt", "Blame", "Verdict", "CONTINUE", "Backend"]
 
 
 @dataclass
@@ -38,6 +39,9 @@ class LaunchSpec:
     master_port: int = 29500
     attempt: int = 0
     log_dir: str | None = None  # worker stdout/stderr go to LOG_DIR/attempt-A/rank-R.log (else inherited)
+    # --cpu-affinity as text (none, auto, numa, 0-3:4-7), applied on each node by the backend that starts
+    # its ranks (backends.resources); threads per rank default to their share of the node's CPUs there.
+    cpu_affinity: str = "none"
 
     def log_path(self, rank: int) -> str | None:
         if self.log_dir is None:
@@ -122,6 +126,14 @@ class Attempt(ABC):
 
 
 @dataclass(frozen=True)
+class Blame:
+    """Whom the supervisor blamed for a failed attempt: a rank (:attr:`Worker.rank`) and the cause."""
+
+    rank: int
+    cause: E.FailureCause
+
+
+@dataclass(frozen=True)
 class Verdict:
     """A backend's word after a failed attempt: restart (on what is left), or give up and say why."""
 
@@ -148,12 +160,13 @@ class Backend(ABC):
     def start(self, spec: LaunchSpec) -> Attempt:
         """Start the ranks of one attempt (all nodes' for a multi-node backend)."""
 
-    def after_failure(self, attempt: Attempt, ledger: EventSink) -> Verdict:
+    def after_failure(self, attempt: Attempt, ledger: EventSink, blame: Blame | None = None) -> Verdict:
         """Judge a failed, stopped attempt: may the supervisor restart?
 
         The default: nothing was lost that a restart needs, so restart (the supervisor's own breakers
         still apply). A multi-node backend finds lost nodes here, isolates them, records them in
-        ``ledger``, and gives up when too few remain.
+        ``ledger``, and gives up when too few remain. ``blame``: the rank the supervisor blamed and
+        why (the local backend drops a slot that keeps failing, with ``--min-nproc``).
         """
         return CONTINUE
 

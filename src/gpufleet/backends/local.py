@@ -1,18 +1,36 @@
-"""Run ranks as child processes of this host's supervisor, optionally from pre-spawned standbys."""
+"""Run ranks as child processes of this host's supervisor, optionally from pre-spawned standbys.
+
+Each rank gets its share of the host's CPUs as its thread count, and optionally its own CPUs
+(:mod:`gpufleet.backends.resources`). A rank's CPUs are set without ``preexec_fn`` (unsafe in a
+process with threads) and without an extra interpreter: affinity is per thread on Linux and a child
+inherits the mask of the thread that forks it, so the spawning thread narrows its own mask around
+``Popen`` and widens it again. A standby interpreter, started before its rank was known, sets the
+CPUs of all its threads itself when it is promoted.
+
+With ``min_nproc`` below the ranks asked for, a worker slot (a local rank; its GPU where there are
+GPUs) that fails ``slot_failures`` times in a row is dropped and the run continues on the others, down
+to ``min_nproc``: the world size shrinks, as the srun backend's does when it loses a node.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from gpufleet.backends.base import Backend, LaunchSpec, Worker
+from gpufleet.backends.base import CONTINUE, Attempt, Backend, Blame, LaunchSpec, Verdict, Worker
 from gpufleet.backends.process import ProcessAttempt, send_signal
+from gpufleet.backends.resources import RankResources, host_plan, parse_cpu_affinity, thread_env, thread_note
+from gpufleet.core import events as E
 from gpufleet.core.env import Env
+from gpufleet.core.errors import ConfigError
+from gpufleet.core.ledger import EventSink
 
 __all__ = ["LocalBackend", "python_entry"]
 
@@ -44,18 +62,39 @@ class LocalBackend(Backend):
 
     name = "local"
 
-    def __init__(self, standby: bool = True, python: str | None = None) -> None:
+    def __init__(
+        self,
+        standby: bool = True,
+        python: str | None = None,
+        min_nproc: int | None = None,
+        slot_failures: int = 2,
+    ) -> None:
+        if min_nproc is not None and min_nproc < 1:
+            raise ConfigError(f"--min-nproc must be >= 1, got {min_nproc}")
+        if slot_failures < 1:
+            raise ConfigError(f"--slot-failures must be >= 1, got {slot_failures}")
         self.standby = standby
         self.python = python or sys.executable
+        self.min_nproc = min_nproc
+        self.slot_failures = slot_failures
+        self.slots: list[int] | None = None  # worker slots in use (local ranks of the first attempt)
+        self.dropped: list[int] = []
+        self._strikes: tuple[int, int] | None = None  # (slot, consecutive failures blamed on it)
         self._standbys: list[_Standby] = []
+        self._plans: dict[tuple[int, str], list[RankResources]] = {}
+        self._noted = False
 
     # -- hooks ---------------------------------------------------------------------------------
     def prepare(self, spec: LaunchSpec) -> None:
         if not self.standby or python_entry(spec.command) is None:
             return
-        while len(self._standbys) < spec.nproc_per_node:
+        slots = self._active(spec)
+        plan = self._plan(spec, len(slots))
+        while len(self._standbys) < len(slots):
             r, w = os.pipe()
-            env = {**os.environ, **spec.env, Env.CONTROL_FD: str(w)}
+            env = {**os.environ, **spec.env}
+            # The share is fixed before `import torch`: OpenMP reads it once, as the library loads.
+            env.update(thread_env(plan[len(self._standbys)].threads, env), **{Env.CONTROL_FD: str(w)})
             proc = subprocess.Popen(
                 [self.python, "-m", "gpufleet.train.standby"],
                 stdin=subprocess.PIPE,
@@ -66,10 +105,17 @@ class LocalBackend(Backend):
             self._standbys.append(_Standby(proc, r, w))
 
     def start(self, spec: LaunchSpec) -> ProcessAttempt:
+        slots = self._active(spec)
+        spec.nproc_per_node = len(slots)  # fewer after a slot was dropped: the world size shrinks
+        plan = self._plan(spec, len(slots))
+        devices = self._devices(slots)
         entry = python_entry(spec.command)
         started: list[tuple[Worker, subprocess.Popen[bytes], int]] = []
         for local_rank in range(spec.nproc_per_node):
-            env = {**spec.env, **spec.rank_env(local_rank)}
+            res = plan[local_rank]
+            env = {**spec.env, **spec.rank_env(local_rank), **devices}
+            threads = thread_env(res.threads, {**os.environ, **env})
+            env.update(threads)
             rank = int(env["RANK"])
             sb = self._take_standby() if entry is not None else None
             if sb is not None and entry is not None and sb.proc.stdin is not None:
@@ -79,6 +125,8 @@ class LocalBackend(Backend):
                     "argv": argv,
                     "module": is_module,
                     "log": _prepare_log(spec.log_path(rank)),
+                    "threads": res.threads if threads else None,
+                    "cpus": sorted(res.cpus) if res.cpus is not None else None,
                 }
                 sb.proc.stdin.write((json.dumps(order) + "\n").encode())
                 sb.proc.stdin.flush()
@@ -96,14 +144,15 @@ class LocalBackend(Backend):
             log = _prepare_log(spec.log_path(rank))
             out = open(log, "ab") if log else None  # noqa: SIM115 - handed to the child, closed right after
             try:
-                proc = subprocess.Popen(
-                    spec.command,
-                    env=full_env,
-                    pass_fds=(w,),
-                    start_new_session=True,
-                    stdout=out,
-                    stderr=subprocess.STDOUT if out else None,
-                )
+                with _forked_affinity(res.cpus):
+                    proc = subprocess.Popen(
+                        spec.command,
+                        env=full_env,
+                        pass_fds=(w,),
+                        start_new_session=True,
+                        stdout=out,
+                        stderr=subprocess.STDOUT if out else None,
+                    )
             finally:
                 if out:
                     out.close()
@@ -111,17 +160,73 @@ class LocalBackend(Backend):
             started.append((Worker(rank, proc.pid), proc, r))
         return ProcessAttempt(spec, started, group=True)
 
+    def after_failure(self, attempt: Attempt, ledger: EventSink, blame: Blame | None = None) -> Verdict:
+        """With ``min_nproc``: drop a slot blamed for ``slot_failures`` failures in a row, if enough remain.
+
+        A loss spike is the data's or the model's, not a slot's: it neither counts nor resets the count.
+        """
+        if self.min_nproc is None or blame is None or self.slots is None:
+            return CONTINUE
+        if blame.cause == E.FailureCause.SPIKE:
+            return CONTINUE
+        local = blame.rank - attempt.spec.node_rank * attempt.spec.nproc_per_node
+        if not 0 <= local < len(self.slots):
+            return CONTINUE
+        slot = self.slots[local]
+        count = self._strikes[1] + 1 if self._strikes and self._strikes[0] == slot else 1
+        self._strikes = (slot, count)
+        if count < self.slot_failures or len(self.slots) <= self.min_nproc:
+            return CONTINUE  # at the floor: keep restarting on every slot (the restart budget decides)
+        self.slots.remove(slot)
+        self.dropped.append(slot)
+        self._strikes = None
+        reason = (
+            f"slot {slot} failed {count} times in a row ({blame.cause.value}); "
+            f"continuing with {len(self.slots)} worker(s), --min-nproc {self.min_nproc}"
+        )
+        ledger.emit(
+            E.SlotDropped(
+                slot=slot, failures=count, nproc=len(self.slots), reason=reason, attempt=attempt.spec.attempt
+            )
+        )
+        print(f"gpufleet: {reason}", file=sys.stderr)
+        self._discard_standbys()  # they were started for the old world size
+        return CONTINUE
+
     def close(self) -> None:
-        for sb in self._standbys:
-            if sb.proc.stdin is not None:
-                sb.proc.stdin.close()  # EOF: the standby exits by itself
-            send_signal(sb.proc, signal.SIGTERM, group=True)
-            sb.proc.wait()
-            os.close(sb.read_fd)
-            os.close(sb.write_fd)
-        self._standbys.clear()
+        self._discard_standbys()
 
     # -- helpers -------------------------------------------------------------------------------
+    def _active(self, spec: LaunchSpec) -> list[int]:
+        if self.slots is None:
+            if self.min_nproc is not None and self.min_nproc > spec.nproc_per_node:
+                raise ConfigError(
+                    f"--min-nproc {self.min_nproc} is more than --nproc-per-node {spec.nproc_per_node}"
+                )
+            self.slots = list(range(spec.nproc_per_node))
+        return self.slots
+
+    def _plan(self, spec: LaunchSpec, nproc: int) -> list[RankResources]:
+        key = (nproc, spec.cpu_affinity)
+        if key not in self._plans:
+            affinity = parse_cpu_affinity(spec.cpu_affinity)
+            if self.dropped and affinity.lists:  # explicit lists belong to slots: keep the live ones'
+                affinity = type(affinity)(affinity.mode, tuple(affinity.lists[s] for s in self.slots or ()))
+            self._plans[key] = host_plan(nproc, affinity)
+            note = thread_note(self._plans[key], {**os.environ, **spec.env})
+            if note and not self._noted:
+                print(note, file=sys.stderr)
+                self._noted = True
+        return self._plans[key]
+
+    def _devices(self, slots: list[int]) -> dict[str, str]:
+        """CUDA_VISIBLE_DEVICES for the live slots once one was dropped, so LOCAL_RANK i is slot i's GPU."""
+        if not self.dropped:
+            return {}
+        listed = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        ids = [d.strip() for d in listed.split(",")] if listed.strip() else None
+        return {"CUDA_VISIBLE_DEVICES": ",".join(ids[s] if ids and s < len(ids) else str(s) for s in slots)}
+
     def _take_standby(self) -> _Standby | None:
         while self._standbys:
             sb = self._standbys.pop(0)
@@ -131,9 +236,32 @@ class LocalBackend(Backend):
             os.close(sb.write_fd)
         return None
 
+    def _discard_standbys(self) -> None:
+        for sb in self._standbys:
+            if sb.proc.stdin is not None:
+                sb.proc.stdin.close()  # EOF: the standby exits by itself
+            send_signal(sb.proc, signal.SIGTERM, group=True)
+            sb.proc.wait()
+            os.close(sb.read_fd)
+            os.close(sb.write_fd)
+        self._standbys.clear()
+
+
+@contextlib.contextmanager
+def _forked_affinity(cpus: frozenset[int] | None) -> Iterator[None]:
+    """Run the body (a fork) with this thread's CPU mask set to ``cpus``: the child inherits it."""
+    if cpus is None:
+        yield
+        return
+    old = os.sched_getaffinity(0)  # pid 0: this thread only (Linux)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, old)
+
 
 def _prepare_log(path: str | None) -> str | None:
     if path is not None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
     return path
-

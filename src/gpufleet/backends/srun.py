@@ -29,9 +29,10 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from gpufleet.backends.agent import exit_report
-from gpufleet.backends.base import CONTINUE, Attempt, Backend, LaunchSpec, Verdict, Worker
+from gpufleet.backends.base import CONTINUE, Attempt, Backend, Blame, LaunchSpec, Verdict, Worker
 from gpufleet.backends.process import ProcessAttempt
 from gpufleet.core import events as E
+from gpufleet.core.env import Env
 from gpufleet.core.errors import ConfigError
 from gpufleet.core.ledger import EventSink
 
@@ -125,7 +126,7 @@ class SrunBackend(Backend):
         self.active = self.healthy[: self.want]
         spec.nnodes = len(self.active)
         spec.master_addr = node_addr(self.active[0])
-        run_dir = self._run_dir = Path(spec.env["GPUFLEET_RUN_DIR"])
+        run_dir = self._run_dir = Path(spec.env[Env.RUN_DIR])
         if spec.log_dir is None:
             spec.log_dir = str(run_dir / "logs")
         log_dir = Path(spec.log_dir) / f"attempt-{spec.attempt}"
@@ -136,8 +137,8 @@ class SrunBackend(Backend):
             env = {
                 **os.environ,
                 **spec.env,
-                "GPUFLEET_AGENT_SPEC": json.dumps(asdict(sub)),
-                "GPUFLEET_AGENT_GRACE": str(self.agent_grace_s),
+                Env.AGENT_SPEC: json.dumps(asdict(sub)),
+                Env.AGENT_GRACE: str(self.agent_grace_s),
             }
             r, w = os.pipe()
             with open(log_dir / f"srun-{node}.log", "ab") as err:
@@ -181,8 +182,9 @@ class SrunBackend(Backend):
             return False
         return p.returncode == 0
 
-    def after_failure(self, attempt: Attempt, ledger: EventSink) -> Verdict:
+    def after_failure(self, attempt: Attempt, ledger: EventSink, blame: Blame | None = None) -> Verdict:
         """Isolate lost nodes; restart on the healthy ones, or give up so the job requeues."""
+        del blame  # a node is judged lost by its missing exit report and a failed probe, not by blame
         run_dir = self._run_dir or Path(".")
         number = attempt.spec.attempt
         silent = [w.node for w in attempt.workers if w.node and exit_report(run_dir, number, w.node) is None]

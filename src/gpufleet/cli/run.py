@@ -109,6 +109,9 @@ class RunRequest:
             standby=p["standby"],
             progress=tty if p["progress"] is None else p["progress"],
             backend_options=options,
+            cpu_affinity=p["cpu_affinity"],
+            min_nproc=p["min_nproc"],
+            slot_failures=p["slot_failures"],
         )
         return cls(config=config, slurm=slurm)
 
@@ -162,6 +165,21 @@ def run_command(
         float, typer.Option(help="Seconds a worker may take to start and restore.")
     ] = 300.0,
     standby: Annotated[bool, typer.Option(help="Pre-spawn standby interpreters to cut restart time.")] = True,
+    cpu_affinity: Annotated[
+        str,
+        typer.Option(
+            help="CPUs per worker: none (inherit), auto (a block each, NUMA-local), numa (its NUMA node), "
+            "or one CPU list per local rank, ':'-separated (0-3:4-7). Threads default to each worker's "
+            "share of the CPUs unless OMP_NUM_THREADS is set."
+        ),
+    ] = "none",
+    min_nproc: Annotated[
+        int | None,
+        typer.Option(help="local: after repeated failures of one worker slot, go on with fewer, to this."),
+    ] = None,
+    slot_failures: Annotated[
+        int, typer.Option(help="local, with --min-nproc: consecutive failures of one slot that drop it.")
+    ] = 2,
     progress: Annotated[
         bool | None, typer.Option(help="Live progress view (default: when stderr is a TTY).")
     ] = None,

@@ -77,6 +77,7 @@ __all__ = [
     "Skip",
     "GiveUp",
     "NodeLost",
+    "SlotDropped",
     # checkpoints
     "CkptStaged",
     "CkptCommitted",
@@ -114,6 +115,7 @@ __all__ = [
     "SKIP",
     "GIVE_UP",
     "NODE_LOST",
+    "SLOT_DROPPED",
     "CKPT_STAGED",
     "CKPT_COMMITTED",
     "CKPT_UPLOADED",
@@ -444,6 +446,17 @@ class NodeLost(Event):
     job: str | None = None  # the Slurm job id
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SlotDropped(Event):
+    """The local backend stopped using a worker slot that kept failing (``--min-nproc``)."""
+
+    kind: ClassVar[str] = "slot_dropped"
+    slot: int  # the local slot (its LOCAL_RANK in the first attempt; its GPU, where there are GPUs)
+    failures: int  # consecutive failures blamed on it
+    nproc: int  # worker slots left: the next attempt's ranks per node
+    reason: str  # human-readable
+
+
 # ---------------------------------------------------------------------------------- checkpoints
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CkptStaged(Event):
@@ -667,6 +680,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         Skip,
         GiveUp,
         NodeLost,
+        SlotDropped,
         CkptStaged,
         CkptCommitted,
         CkptUploaded,
@@ -705,6 +719,7 @@ SPIKE = Spike.kind
 SKIP = Skip.kind
 GIVE_UP = GiveUp.kind
 NODE_LOST = NodeLost.kind
+SLOT_DROPPED = SlotDropped.kind
 CKPT_STAGED = CkptStaged.kind
 CKPT_COMMITTED = CkptCommitted.kind
 CKPT_UPLOADED = CkptUploaded.kind

@@ -42,6 +42,9 @@ FLAGS: dict[str, str] = {
     "inject": "--inject",
     "hang_timeout_floor": "--hang-timeout",
     "init_timeout": "--init-timeout",
+    "cpu_affinity": "--cpu-affinity",
+    "min_nproc": "--min-nproc",
+    "slot_failures": "--slot-failures",
     **SETTING_FLAG,
 }
 _WORKER_FIELDS = ("checkpoint_every", "keep_last", "upload_url", "s3_endpoint", "mtbf_s")
@@ -75,6 +78,10 @@ class SupervisorConfig(BaseModel):
     progress: bool = False
     poll_s: float = Field(0.02, gt=0)
     backend_options: dict[str, Any] = Field(default_factory=dict)  # e.g. srun: nodes, min_nodes
+    # Worker resources (backends.resources): threads default to each rank's share of the CPUs.
+    cpu_affinity: str = "none"  # none, auto, numa, or per-rank CPU lists (0-3:4-7)
+    min_nproc: int | None = Field(None, ge=1)  # local: continue with fewer ranks, down to this
+    slot_failures: int = Field(2, ge=1)  # local, with min_nproc: failures in a row that drop a slot
 
     _faults: list[Fault] = PrivateAttr(default_factory=list)
     _worker: RunSettings = PrivateAttr()
@@ -97,7 +104,28 @@ class SupervisorConfig(BaseModel):
         # Both raise ConfigError/UsageError (not ValueError), which pydantic lets through unchanged.
         self._faults = parse_faults(self.inject)
         self._worker = RunSettings.for_workers(self.worker_overrides())
+        self._check_resources()
         return self
+
+    def _check_resources(self) -> None:
+        from gpufleet.backends.resources import host_plan, parse_cpu_affinity
+
+        affinity = parse_cpu_affinity(self.cpu_affinity, self.nproc)
+        self.cpu_affinity = str(affinity)
+        if self.backend == "local":
+            host_plan(self.nproc, affinity)  # explicit CPUs must exist here (ConfigError names them)
+        if self.min_nproc is not None:
+            if self.backend != "local":
+                raise ConfigError("--min-nproc is for the local backend (srun/slurm: --min-nodes)")
+            if self.min_nproc > self.nproc:
+                raise ConfigError(f"--min-nproc {self.min_nproc} is more than --nproc-per-node {self.nproc}")
+
+    def backend_kwargs(self) -> dict[str, Any]:
+        """The options the chosen backend is built with (besides ``standby``)."""
+        out = dict(self.backend_options)
+        if self.backend == "local" and self.min_nproc is not None:
+            out.update(min_nproc=self.min_nproc, slot_failures=self.slot_failures)
+        return out
 
     @property
     def faults(self) -> list[Fault]:

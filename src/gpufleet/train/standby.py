@@ -1,8 +1,20 @@
 """A standby worker: an interpreter that has already imported torch and waits to become a rank.
 
 Started ahead of time by the local backend. On a restart the supervisor writes one JSON line to
-its stdin ({"env": {...}, "argv": [...], "module": bool}); the standby applies it and runs the
-training script as ``__main__``. This removes interpreter start-up and ``import torch`` from MTTR.
+its stdin ({"env": {...}, "argv": [...], "module": bool, "threads": N|null, "cpus": [...]|null}); the
+standby applies it and runs the training script as ``__main__``. This removes interpreter start-up
+and ``import torch`` from MTTR.
+
+**It must not slow the running workers down.** The imports (seconds of CPU) run in a helper thread
+that first puts *itself* in ``SCHED_IDLE``: it gets a CPU only when no normal thread wants one. On
+Linux the scheduling policy is per thread, and lowering one's own is allowed unprivileged. The main
+thread never changes its policy, so the promoted rank, and every thread it starts (OpenMP, gloo,
+checkpoint I/O), runs at normal priority. That is the point of doing it in a thread: an unprivileged
+process cannot raise a lowered priority back (leaving ``SCHED_IDLE`` or lowering a nice value needs
+``CAP_SYS_NICE`` or an ``RLIMIT_NICE`` few set), so ``nice`` or ``SCHED_IDLE`` on the whole standby
+would leave the promoted rank slow for the rest of the run. A native thread that the imports started
+(``import torch`` starts one) inherits ``SCHED_IDLE``; on promotion the standby returns those to
+normal where it may (as root), and otherwise leaves them: they do no work in training.
 """
 
 from __future__ import annotations
@@ -11,18 +23,59 @@ import json
 import os
 import runpy
 import sys
+import threading
 import time
 
 from gpufleet.core.env import Env
 
+__all__ = ["main", "IMPORTS", "set_idle", "restore_threads"]
+
+IMPORTS = ("torch", "torch.distributed", "torch.distributed.checkpoint", "gpufleet.train.run")
+
+
+def set_idle() -> bool:
+    """Put the calling thread in ``SCHED_IDLE`` (else nice 19); False when neither is possible."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # pid 0: this thread (Linux)
+        return True
+    except (AttributeError, OSError):
+        pass
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, 19)  # on Linux, this thread too
+        return True
+    except OSError:
+        return False
+
+
+def restore_threads() -> None:
+    """Best effort: every other thread of this process that is in ``SCHED_IDLE`` back to normal."""
+    for name in os.listdir("/proc/self/task"):
+        tid = int(name)
+        try:
+            if tid != threading.get_native_id() and os.sched_getscheduler(tid) == os.SCHED_IDLE:
+                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+        except OSError:
+            pass  # gone, or not permitted unprivileged: an idle native helper, harmless
+
+
+def _warm() -> None:
+    set_idle()
+    for mod in IMPORTS:  # the point: pay for these before a failure, not after
+        __import__(mod)
+
+
+def _set_cpus(cpus: list[int]) -> None:
+    """Affinity for every thread of this process (affinity is per thread; new threads inherit it)."""
+    for name in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(name), cpus)
+        except OSError:
+            pass  # a thread that just ended
+
 
 def main() -> None:
-    import torch  # noqa: F401  -- the point: pay for this before a failure, not after
-    import torch.distributed  # noqa: F401
-    import torch.distributed.checkpoint  # noqa: F401
-
-    import gpufleet.train.run  # noqa: F401
-
+    warm = threading.Thread(target=_warm, name="gpufleet-standby-warm", daemon=True)
+    warm.start()
     line = sys.stdin.readline()
     if not line:  # the supervisor closed us: not needed
         return
@@ -32,6 +85,15 @@ def main() -> None:
     sys.stdin.close()
     os.close(0)
     os.open(os.devnull, os.O_RDONLY)  # fd 0 again, so nothing else lands there
+    restore_threads()  # where permitted, an import still running finishes at normal priority
+    warm.join()
+    restore_threads()
+    if order.get("cpus"):
+        _set_cpus(order["cpus"])
+    if order.get("threads"):
+        import torch
+
+        torch.set_num_threads(int(order["threads"]))  # OpenMP read its variable at spawn: may differ
     if order.get("log"):  # the supervisor's live view owns the terminal: write to the rank's log file
         fd = os.open(order["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         sys.stdout.flush()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpufleet.backends import Attempt, LaunchSpec, get_backend
+from gpufleet.backends import Attempt, Blame, LaunchSpec, get_backend
 from gpufleet.core import events as E
 from gpufleet.core.exitcodes import ExitCode
 from gpufleet.core.ledger import Ledger
@@ -61,7 +61,7 @@ class Supervisor:
         self.cfg = config
         self.run_dir = Path(config.run_dir)
         self.session = uuid.uuid4().hex[:12]
-        self.backend = get_backend(config.backend, standby=config.standby, **config.backend_options)
+        self.backend = get_backend(config.backend, standby=config.standby, **config.backend_kwargs())
         self._stop_signals = 0
         self.faults = list(config.faults)
         self.rollback = RollbackPlanner(self.run_dir, window=config.worker.spike_window)
@@ -122,6 +122,7 @@ class Supervisor:
             master_port=free_port(),
             attempt=attempt,
             log_dir=log_dir,
+            cpu_affinity=self.cfg.cpu_affinity,
         )
 
     def _loop(self, ledger: Ledger, view: Any) -> Outcome:
@@ -179,7 +180,7 @@ class Supervisor:
             ledger.emit(E.Teardown(attempt=attempt, teardown_s=round(time.monotonic() - t0, 4)))
             self._drop_fired(mon.fired)
             # Multi-node backends: find lost nodes, isolate them, and say whether enough remain.
-            verdict = self.backend.after_failure(run, ledger)
+            verdict = self.backend.after_failure(run, ledger, blame=Blame(failure.rank, failure.cause))
             if not verdict.restart:
                 ledger.emit(E.GiveUp(reason=verdict.reason))
                 return outcome(E.RunStatus.NODES_LOST, ExitCode.FAILED)

@@ -1,0 +1,157 @@
+"""Worker resource defaults under the real supervisor (issue 9, part 1): each rank's thread share
+unless the user exported OMP_NUM_THREADS, said once; --cpu-affinity on fresh and promoted standby
+ranks; standby interpreters import at idle priority and are promoted at normal priority, unprivileged."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpufleet.backends.resources import CpuAffinity, host_plan, usable_cpus
+
+pytestmark = pytest.mark.slow
+
+PROBE = str(Path(__file__).parent / "scripts" / "resources_probe.py")
+GPUFLEET = [sys.executable, "-m", "gpufleet.cli.main"]
+NOTE = "gpufleet: setting OMP_NUM_THREADS="
+
+
+def run_probe(
+    run_dir: Path, *flags: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """gpufleet run -n 2 on the probe; rank 1 fails attempt 0, so there are two attempts."""
+    cmd = [*GPUFLEET, "run", "-n", "2", "--run-dir", str(run_dir), "--no-progress", "--hang-timeout", "30",
+           *flags, "--", sys.executable, PROBE, "--fail-rank", "1"]
+    base = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**base, **(env or {})})
+    assert p.returncode == 0, p.stderr[-3000:]
+    return p
+
+
+def probes(run_dir: Path) -> dict[tuple[int, int], dict]:
+    out = {}
+    for f in run_dir.glob("probe-*.json"):
+        _, attempt, rank = f.stem.split("-")
+        out[int(attempt), int(rank)] = json.loads(f.read_text())
+    assert set(out) == {(0, 0), (0, 1), (1, 0), (1, 1)}, sorted(out)
+    return out
+
+
+@pytest.mark.parametrize("standby", ["--standby", "--no-standby"])
+def test_each_worker_gets_its_share_of_the_cpus_said_once(tmp_path: Path, standby: str) -> None:
+    p = run_probe(tmp_path, standby)
+    share = host_plan(2, CpuAffinity())[0].threads  # 1 on the 2-CPU test host
+    for (attempt, rank), got in probes(tmp_path).items():
+        assert got["vars"]["OMP_NUM_THREADS"] == str(share), (attempt, rank, got)
+        assert got["vars"]["MKL_NUM_THREADS"] == got["vars"]["OPENBLAS_NUM_THREADS"] == str(share)
+        assert got["torch_threads"] == share, (attempt, rank, got)
+        assert got["policy"] == os.SCHED_OTHER and got["child_policy"] == os.SCHED_OTHER, got
+        assert got["cpus"] == sorted(usable_cpus())  # --cpu-affinity none: inherited
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith(NOTE)]
+    assert len(lines) == 1, p.stderr[-3000:]  # once per run, not per attempt or rank
+    assert f"OMP_NUM_THREADS={share} " in lines[0]
+
+
+def test_a_user_set_omp_num_threads_is_left_alone(tmp_path: Path) -> None:
+    p = run_probe(tmp_path, env={"OMP_NUM_THREADS": "2"})
+    for got in probes(tmp_path).values():
+        assert got["vars"]["OMP_NUM_THREADS"] == "2"
+        assert got["vars"]["MKL_NUM_THREADS"] is None  # nothing added beside the user's choice
+        assert got["torch_threads"] == 2
+    assert NOTE not in p.stderr
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 usable CPUs")
+@pytest.mark.parametrize("standby", ["--standby", "--no-standby"])
+def test_cpu_affinity_pins_every_thread_of_each_rank(tmp_path: Path, standby: str) -> None:
+    a, b = sorted(usable_cpus())[:2]
+    run_probe(tmp_path, standby, "--cpu-affinity", f"{a}:{b}")
+    for (attempt, rank), got in probes(tmp_path).items():
+        want = [a] if rank == 0 else [b]
+        assert got["cpus"] == want, (attempt, rank, got)
+        assert got["thread_cpus"] == [want], (attempt, rank, got)  # OpenMP/gloo threads included
+        assert got["torch_threads"] == 1
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory an unprivileged user can write (pytest's tmp_path is private to root)."""
+    d = Path(tempfile.mkdtemp(prefix="gpufleet-standby-"))
+    d.chmod(0o777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _unprivileged() -> list[str]:
+    if os.getuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("root without setpriv: cannot run the standby unprivileged")
+    return [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"]
+
+
+def test_standby_imports_at_idle_priority_and_is_promoted_at_normal_priority_unprivileged(
+    shared_dir: Path,
+) -> None:
+    # An extra import in the standby's warm-up records the policy of the thread that runs it; the script
+    # it is promoted to records its main thread's and a new thread's. The standby runs as nobody.
+    (shared_dir / "probe_import.py").write_text(
+        "import json, os, threading\n"
+        "with open(os.path.join(os.path.dirname(__file__), 'import.json'), 'w') as f:\n"
+        "    json.dump({'policy': os.sched_getscheduler(0),\n"
+        "               'main': threading.current_thread() is threading.main_thread()}, f)\n"
+    )
+    script = shared_dir / "promoted.py"
+    script.write_text(
+        "import json, os, sys, threading, torch\n"
+        "seen = {}\n"
+        "t = threading.Thread(target=lambda: seen.update(child=os.sched_getscheduler(0)))\n"
+        "t.start(); t.join()\n"
+        "x = torch.randn(64, 64); (x @ x).sum()\n"
+        "json.dump({'uid': os.getuid(), 'policy': os.sched_getscheduler(0),\n"
+        "           'threads': torch.get_num_threads(), 'cpus': sorted(os.sched_getaffinity(0)), **seen},\n"
+        "          open(sys.argv[1], 'w'))\n"
+    )
+    boot = (
+        f"import sys; sys.path.insert(0, {str(shared_dir)!r}); import gpufleet.train.standby as s; "
+        "s.IMPORTS = (*s.IMPORTS, 'probe_import'); s.main()"
+    )
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [*_unprivileged(), sys.executable, "-c", boot], stdin=subprocess.PIPE, env=env, cwd=str(shared_dir)
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (shared_dir / "import.json").exists():  # the order goes in after the warm-up ran
+            assert proc.poll() is None, "the standby died while warming up"
+            assert time.monotonic() < deadline, "the standby never warmed up"
+            time.sleep(0.05)
+        cpu = min(usable_cpus())
+        order = {"env": {}, "argv": [str(script), str(shared_dir / "out.json")], "module": False,
+                 "threads": 1, "cpus": [cpu]}
+        assert proc.stdin is not None
+        proc.stdin.write((json.dumps(order) + "\n").encode())
+        proc.stdin.close()
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    warm = json.loads((shared_dir / "import.json").read_text())
+    assert warm == {"policy": os.SCHED_IDLE, "main": False}  # imports: a helper thread, SCHED_IDLE
+    out = json.loads((shared_dir / "out.json").read_text())
+    if os.getuid() == 0:
+        assert out["uid"] == 65534  # it really ran unprivileged
+    assert out["policy"] == os.SCHED_OTHER and out["child"] == os.SCHED_OTHER  # the rank: normal priority
+    assert out["cpus"] == [cpu] and out["threads"] == 1
