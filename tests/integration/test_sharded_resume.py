@@ -122,3 +122,24 @@ def test_a_per_rank_loader_refuses_another_world_size_with_exit_2(tmp_path: Path
     assert p.returncode == 2, p.stderr[-3000:]
     assert "saved by 2 workers and this run has 3: state['data'] keeps a position per rank" in p.stderr
     assert not evs(tmp_path, "restart")  # terminal: no restart would fix it
+
+
+def test_a_distributed_sampler_loader_resumes_at_another_world_size(tmp_path: Path) -> None:
+    loader = ("--loader",)
+    run(
+        tmp_path, 2, K, "--checkpoint-every", "1000", extra=loader
+    )  # 12 batches a rank per epoch: K is in epoch 1
+    run(tmp_path, 3, T, "--checkpoint-every", "1000", extra=loader)
+    restore = evs(tmp_path, "restore")[-1]
+    assert restore["step"] == K and restore["saved_world_size"] == 2
+    taken: dict[tuple[int, int], list[int]] = {}  # (world, epoch) -> samples
+    for rank in range(3):
+        for line in (tmp_path / f"seen-rank{rank}.jsonl").read_text().splitlines():
+            rec = json.loads(line)
+            taken.setdefault((rec["world"], rec["epoch"]), []).extend(rec["idx"])
+    assert sorted(taken[2, 0]) == list(range(SAMPLES))
+    before, after = taken[2, 1], taken[3, 1]
+    assert not set(before) & set(after), "samples of epoch 1 trained again after the change"
+    assert set(before) | set(after) == set(range(SAMPLES)), "samples of epoch 1 skipped across the change"
+    assert len(before) + len(after) - SAMPLES < 3  # repeats only to even out the 3 ranks' shares
+    assert len(set(taken[3, 2])) == len(taken[3, 2])  # the next epoch as the 3-worker sampler draws it

@@ -1,6 +1,7 @@
 """A small model sharded with FSDP2 (``fully_shard``) when there are several workers, plain on one.
 
-Adapted to gpufleet with the run API; data through ``gpufleet.StepSampler``. Every rank appends the
+Adapted to gpufleet with the run API; data through ``gpufleet.StepSampler``, or with --loader a
+``DataLoader`` with a ``DistributedSampler`` wrapped in ``gpufleet.resumable``. Every rank appends the
 sample indices it trained at each step to RUN_DIR/seen-rank<R>.jsonl. Rank 0 writes
 RUN_DIR/final-<pid>.json (sha256 of the full model and optimizer state, gathered from the shards) and
 RUN_DIR/full-<pid>.pt (that full state); with --dump-restored also RUN_DIR/restored-<pid>.pt, the
@@ -20,6 +21,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
 )
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import gpufleet
 
@@ -50,6 +52,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--sleep", type=float, default=0.0)
     ap.add_argument("--dump-restored", action="store_true")
+    ap.add_argument("--loader", action="store_true")
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
@@ -68,21 +71,31 @@ def main() -> None:
         fully_shard(model, mesh=mesh)
     optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sampler = gpufleet.StepSampler(SAMPLES, BATCH, seed=3, rank=run.rank, world_size=run.world_size)
-    state = {"model": model, "optim": optim, "data": sampler, "rng": gpufleet.RNGState()}
+    data = sampler
+    if args.loader:
+        ds = TensorDataset(torch.arange(SAMPLES))
+        dsampler = DistributedSampler(ds, num_replicas=run.world_size, rank=run.rank, shuffle=True, seed=3)
+        data = batches = gpufleet.resumable(DataLoader(ds, batch_size=BATCH, sampler=dsampler))
+    state = {"model": model, "optim": optim, "data": data, "rng": gpufleet.RNGState()}
     start = run.restore(state)
     if args.dump_restored:
         restored = full_state(model, optim)
         if run.rank == 0:
             torch.save(restored, os.path.join(run.run_dir, f"restored-{os.getpid()}.pt"))
     seen = open(os.path.join(run.run_dir, f"seen-rank{run.rank}.jsonl"), "a")
-    for step in run.steps(args.steps, steps_per_epoch=sampler.steps_per_epoch):
-        idx = sampler.indices(step)
+    for step in run.steps(args.steps, steps_per_epoch=None if args.loader else sampler.steps_per_epoch):
+        if args.loader:
+            idx = next(batches)[0].tolist()
+            epoch = batches.epoch
+        else:
+            idx = sampler.indices(step)
+            epoch = sampler.epoch_of(step)
         loss = nn.functional.mse_loss(model(x[idx]), y[idx])
         loss.backward()
         run.log(loss=loss)
         optim.step()
         optim.zero_grad()
-        rec = {"step": step, "epoch": sampler.epoch_of(step), "world": run.world_size, "idx": idx}
+        rec = {"step": step, "epoch": epoch, "world": run.world_size, "idx": idx}
         seen.write(json.dumps(rec) + "\n")
         seen.flush()
         if args.sleep:
