@@ -23,7 +23,6 @@ import gpufleet  # gpufleet
 
 def main() -> None:
     torch.manual_seed(0)
-    torch.set_num_threads(1)
     run = gpufleet.init()  # gpufleet: joins the supervised run, sets up torch.distributed (gloo on CPU)
 
     # A toy regression problem: y = x @ w_true + noise.

@@ -26,7 +26,6 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--kill-rank", type=int, default=1)
     args = ap.parse_args()
-    torch.set_num_threads(1)
 
     run = gpufleet.init()
     attempt = int(os.environ.get("GPUFLEET_ATTEMPT", "0"))

@@ -45,7 +45,6 @@ def main() -> None:
     ap.add_argument("--kill-step", type=int, default=None)
     ap.add_argument("--kill-rank", type=int, default=1)
     args = ap.parse_args()
-    torch.set_num_threads(1)
     t_imported = time.time()
 
     dist.init_process_group(backend="gloo")

@@ -40,7 +40,6 @@ ZYGOTE = textwrap.dedent(
                 "optim": {"state": {0: {"m": torch.full((N, N), float(v))}}}, "step": v}
 
     def saver(root):
-        torch.set_num_threads(1)
         eng = CheckpointEngine(CheckpointConfig(dir=root, keep_last=2, keep_window_steps=3, io_threads=2))
         sd = state(0)
         r = eng.load(sd)

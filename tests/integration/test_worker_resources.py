@@ -155,3 +155,52 @@ def test_standby_imports_at_idle_priority_and_is_promoted_at_normal_priority_unp
         assert out["uid"] == 65534  # it really ran unprivileged
     assert out["policy"] == os.SCHED_OTHER and out["child"] == os.SCHED_OTHER  # the rank: normal priority
     assert out["cpus"] == [cpu] and out["threads"] == 1
+
+
+TOY = str(Path(__file__).parent / "scripts" / "toy_train.py")
+
+
+def toy_run(run_dir: Path, *flags: str, steps: int) -> subprocess.CompletedProcess[str]:
+    cmd = [*GPUFLEET, "run", "-n", "2", "--run-dir", str(run_dir), "--no-progress", "--hang-timeout", "30",
+           "--checkpoint-every", "5", *flags, "--", sys.executable, TOY, "--steps", str(steps)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return p
+
+
+def test_min_nproc_drops_a_slot_that_keeps_failing_and_resumes_at_the_smaller_world_size(
+    tmp_path: Path,
+) -> None:
+    # Rank 1 is killed twice in a row (after a restart from the step-5 checkpoint, again at step 22):
+    # with --min-nproc 1 its slot is dropped and the run finishes on one worker, restored from a
+    # checkpoint two ranks wrote (a DDP model: every rank holds the whole state).
+    p = toy_run(tmp_path, "--min-nproc", "1", "--inject", "kill:rank=1,step=10,settle=1",
+                "--inject", "kill:rank=1,step=22,settle=1", steps=40)
+    from gpufleet.core import events as E
+    from gpufleet.core.ledger import read_typed
+
+    events = read_typed(tmp_path)
+    dropped = [e for e in events if isinstance(e, E.SlotDropped)]
+    assert [(e.slot, e.failures, e.nproc, e.attempt) for e in dropped] == [(1, 2, 1, 1)]
+    assert "slot 1 failed 2 times in a row (crash)" in dropped[0].reason
+    assert f"gpufleet: {dropped[0].reason}" in p.stderr
+    assert [e.world_size for e in events if isinstance(e, E.AttemptStart)] == [2, 2, 1]
+    last = [e for e in events if isinstance(e, E.Restore) and e.attempt == 2]
+    assert len(last) == 1 and last[0].saved_world_size == 2 and not last[0].fresh
+    assert [e.status for e in events if isinstance(e, E.RunEnd)] == [E.RunStatus.COMPLETED]
+    outs = list(tmp_path.glob("final-*.json"))
+    assert len(outs) == 1  # written by the one worker of the last attempt
+    final = json.loads(outs[0].read_text())
+    assert final["start"] == last[0].step  # the step to run next, as restored
+    assert final["steps"] == list(range(last[0].step, 40))
+
+
+def test_without_min_nproc_a_failing_slot_is_never_dropped(tmp_path: Path) -> None:
+    toy_run(tmp_path, "--no-standby", "--inject", "kill:rank=1,step=4", "--inject", "kill:rank=1,step=8",
+            steps=12)
+    from gpufleet.core import events as E
+    from gpufleet.core.ledger import read_typed
+
+    events = read_typed(tmp_path)
+    assert not [e for e in events if isinstance(e, E.SlotDropped)]
+    assert [e.world_size for e in events if isinstance(e, E.AttemptStart)] == [2, 2, 2]

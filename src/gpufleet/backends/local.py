@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from gpufleet.backends.base import CONTINUE, Attempt, Backend, Blame, LaunchSpec, Verdict, Worker
@@ -32,7 +32,7 @@ from gpufleet.core.env import Env
 from gpufleet.core.errors import ConfigError
 from gpufleet.core.ledger import EventSink
 
-__all__ = ["LocalBackend", "python_entry"]
+__all__ = ["LocalBackend", "python_entry", "visible_devices"]
 
 
 def python_entry(command: list[str]) -> tuple[list[str], bool] | None:
@@ -88,7 +88,7 @@ class LocalBackend(Backend):
     def prepare(self, spec: LaunchSpec) -> None:
         if not self.standby or python_entry(spec.command) is None:
             return
-        slots = self._active(spec)
+        slots = self.active_slots(spec)
         plan = self._plan(spec, len(slots))
         while len(self._standbys) < len(slots):
             r, w = os.pipe()
@@ -105,10 +105,10 @@ class LocalBackend(Backend):
             self._standbys.append(_Standby(proc, r, w))
 
     def start(self, spec: LaunchSpec) -> ProcessAttempt:
-        slots = self._active(spec)
+        slots = self.active_slots(spec)
         spec.nproc_per_node = len(slots)  # fewer after a slot was dropped: the world size shrinks
         plan = self._plan(spec, len(slots))
-        devices = self._devices(slots)
+        devices = visible_devices(slots, os.environ) if self.dropped else {}
         entry = python_entry(spec.command)
         started: list[tuple[Worker, subprocess.Popen[bytes], int]] = []
         for local_rank in range(spec.nproc_per_node):
@@ -197,7 +197,8 @@ class LocalBackend(Backend):
         self._discard_standbys()
 
     # -- helpers -------------------------------------------------------------------------------
-    def _active(self, spec: LaunchSpec) -> list[int]:
+    def active_slots(self, spec: LaunchSpec) -> list[int]:
+        """The worker slots in use; the first call takes ``spec.nproc_per_node`` of them."""
         if self.slots is None:
             if self.min_nproc is not None and self.min_nproc > spec.nproc_per_node:
                 raise ConfigError(
@@ -219,14 +220,6 @@ class LocalBackend(Backend):
                 self._noted = True
         return self._plans[key]
 
-    def _devices(self, slots: list[int]) -> dict[str, str]:
-        """CUDA_VISIBLE_DEVICES for the live slots once one was dropped, so LOCAL_RANK i is slot i's GPU."""
-        if not self.dropped:
-            return {}
-        listed = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-        ids = [d.strip() for d in listed.split(",")] if listed.strip() else None
-        return {"CUDA_VISIBLE_DEVICES": ",".join(ids[s] if ids and s < len(ids) else str(s) for s in slots)}
-
     def _take_standby(self) -> _Standby | None:
         while self._standbys:
             sb = self._standbys.pop(0)
@@ -245,6 +238,14 @@ class LocalBackend(Backend):
             os.close(sb.read_fd)
             os.close(sb.write_fd)
         self._standbys.clear()
+
+
+def visible_devices(slots: list[int], environ: Mapping[str, str]) -> dict[str, str]:
+    """CUDA_VISIBLE_DEVICES naming the GPUs of ``slots`` (once a slot was dropped), so LOCAL_RANK i is
+    live slot i's GPU: slot k's GPU is the k-th of the inherited list, else GPU k."""
+    listed = environ.get("CUDA_VISIBLE_DEVICES", "")
+    ids = [d.strip() for d in listed.split(",")] if listed.strip() else None
+    return {"CUDA_VISIBLE_DEVICES": ",".join(ids[s] if ids and s < len(ids) else str(s) for s in slots)}
 
 
 @contextlib.contextmanager

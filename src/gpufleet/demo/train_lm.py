@@ -54,7 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--patience", type=int, default=4, help="early stopping: evaluations without improvement")
     p.add_argument("--text", default="shakespeare.txt", help="a text file shipped in gpufleet/data/")
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads per rank (default: OMP_NUM_THREADS, which gpufleet run sets to each "
+        "rank's share of the CPUs)",
+    )
     p.add_argument(
         "--sample-chars", type=int, default=200, help="characters to generate at the end (0: none)"
     )
@@ -75,7 +81,7 @@ def _check_args(args: argparse.Namespace) -> None:
         "threads",
     )
     for name in positive:
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise SystemExit(f"train_lm: --{name.replace('_', '-')} must be >= 1")
     if args.lr <= 0:
         raise SystemExit("train_lm: --lr must be > 0")
@@ -96,7 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _check_args(args)
 
-    torch.set_num_threads(args.threads)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(args.seed)
 

@@ -21,7 +21,6 @@ def main() -> None:
     ap.add_argument("--sleep", type=float, default=0.0)
     args = ap.parse_args()
     torch.manual_seed(0)
-    torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
 
     run = gpufleet.init()
