@@ -1,63 +1,243 @@
-"""S3 tier throughput on loopback: gpufleet's S3Store against plain boto3 defaults, side by side.
+"""S3 tier throughput on loopback: gpufleet against plain boto3 and DCP's own fsspec/S3 storage.
 
-Starts its own SeaweedFS (or uses GPUFLEET_TEST_S3_* if set), then for a file of --size-mib MiB
-measures upload_dir and download_dir (median of --repeats) for:
+Starts its own SeaweedFS (or uses GPUFLEET_TEST_S3_* if set) and a model state dict of about
+--size-mib MiB (an MLP with Adam state, as the other checkpoint benchmarks use). Each repeat runs
+every variant once, in a rotating order, so other load on the host hits them all alike:
 
-- ``S3Store``: our config (16 MiB parts, 8 parallel parts, the retry wrapper);
-- ``boto3 default``: ``client.upload_file`` / ``download_file`` with boto3's default TransferConfig
-  (8 MiB parts, 10 threads): the baseline.
+state dict <-> S3 (what a user sees):
+- ``gpufleet``: ``CheckpointEngine.save`` + ``wait`` with ``upload_url`` (write the checkpoint
+  locally, commit, upload: durable in S3), and ``load`` by a fresh engine with an empty local
+  directory (list S3, download, verify every file against the manifest, load);
+- ``DCP fsspec``: ``dcp.save`` / ``dcp.load`` with DCP's ``FsspecWriter`` / ``FsspecReader`` on
+  s3fs, defaults (storage_options only carry the endpoint and keys).
 
-Prints a table with the ratio and writes benchmarks/results/s3.json.
+files <-> S3 (the files of the checkpoint gpufleet wrote):
+- ``S3Store``: ``upload_dir`` / ``download_dir`` (parallel ranged GETs into preallocated files);
+- ``boto3 default``: ``upload_file`` / ``download_file`` per file, boto3's default TransferConfig.
 
-    .venv/bin/python benchmarks/bench_s3.py [--size-mib 256] [--repeats 3]
+Prints medians of --repeats (seconds and MiB/s), the ratios the goals are about and the load
+average, and writes benchmarks/results/s3.json.
+
+    .venv/bin/python benchmarks/bench_s3.py [--size-mib 256] [--repeats 5]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import statistics
+import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests"))  # tests/support: the SeaweedFS service
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import torch  # noqa: E402
+
+from common import blank_like, make_state, median, print_table, state_bytes, write_json  # noqa: E402
+from gpufleet.checkpoint import CheckpointConfig, CheckpointEngine  # noqa: E402
 from gpufleet.checkpoint.s3 import S3Store  # noqa: E402
 from support.seaweed import SeaweedServer  # noqa: E402
 
 MiB = 1024 * 1024
+UP, DOWN = "up", "down"
+MEASURES = ("s", "cpu_s", "server_cpu_s")  # wall, this process's CPU, the S3 server's CPU
+WILLIAMS = ((0, 1, 3, 2), (1, 2, 0, 3), (2, 3, 1, 0), (3, 0, 2, 1))  # balanced 4x4 Latin square
 
 
-def timed(fn: Callable[[], object]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+class Meter:
+    """Wall seconds, this process's CPU seconds and (when known) the S3 server's CPU seconds."""
+
+    def __init__(self, server_pid: int | None) -> None:
+        self.server_pid = server_pid
+        self.last: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+    def server_cpu(self) -> float:
+        if self.server_pid is None:
+            return float("nan")
+        fields = Path(f"/proc/{self.server_pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        w0, c0, s0 = time.perf_counter(), time.process_time(), self.server_cpu()
+        yield
+        self.last = (time.perf_counter() - w0, time.process_time() - c0, self.server_cpu() - s0)
+
+
+def same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def files_of(d: Path) -> list[Path]:
+    return sorted(p for p in d.rglob("*") if p.is_file())
+
+
+class Bench:
+    """The four variants, each a pair of (upload, download) steps on repeat ``i``. Each step meters
+    the transfer alone (setup, clean-up and the correctness check are outside ``self.meter``)."""
+
+    def __init__(
+        self, tmp: Path, endpoint: str, bucket: str, access: str, secret: str, sd: Any, meter: Meter
+    ) -> None:
+        import boto3
+        from botocore.config import Config
+
+        self.tmp, self.bucket, self.sd, self.meter = tmp, bucket, sd, meter
+        self.base = f"bench-{os.getpid()}"
+        self.url = f"s3://{bucket}/{self.base}"
+        self.store = S3Store(f"{self.url}/files")
+        self.client = boto3.client(
+            "s3", endpoint_url=endpoint, config=Config(s3={"addressing_style": "path"})
+        )
+        self.fsspec_options = {"key": access, "secret": secret, "client_kwargs": {"endpoint_url": endpoint}}
+        self.ckpt_dir: Path | None = None  # a checkpoint the engine wrote: the files variants move it
+        self.upload_s: list[float] = []  # the engine's own upload time (CKPT_UPLOADED), for the notes
+        self.blocked_s: list[float] = []  # engine.save + wait_staged: the training's stall
+
+    # --------------------------------------------------------------------- gpufleet engine
+    def engine_up(self, i: int) -> None:
+        bench = self
+
+        class Sink:
+            def emit(self, event: Any, /, **fields: Any) -> None:
+                if getattr(event, "kind", "") == "ckpt_uploaded":
+                    bench.upload_s.append(event.upload_s)
+                if getattr(event, "kind", "") == "ckpt_failed":
+                    raise SystemExit(f"gpufleet checkpoint failed: {event.reason}")
+
+        root = self.tmp / "engine-up"
+        shutil.rmtree(root, ignore_errors=True)
+        eng = CheckpointEngine(
+            CheckpointConfig(dir=str(root), upload_url=f"{self.url}/engine-{i}"), sink=Sink()
+        )
+        with self.meter():
+            t0 = time.perf_counter()
+            eng.save(i + 1, self.sd)
+            eng.wait_staged()
+            self.blocked_s.append(time.perf_counter() - t0)  # what the training loop waits for
+            eng.wait()
+        eng.close()
+        if self.ckpt_dir is None:  # keep the first one (the same bytes every time) for the files variants
+            self.ckpt_dir = self.tmp / "files"
+            shutil.copytree(root / f"step_{i + 1:08d}", self.ckpt_dir)
+
+    def engine_down(self, i: int) -> None:
+        root = self.tmp / "engine-down"
+        shutil.rmtree(root, ignore_errors=True)
+        eng = CheckpointEngine(CheckpointConfig(dir=str(root), upload_url=f"{self.url}/engine-{i}"))
+        target = blank_like(self.sd)
+        with self.meter():
+            got = eng.load(target)
+        eng.close()
+        if got is None or got.source != "s3" or not same(target, self.sd):
+            raise SystemExit(f"gpufleet restore from S3 went wrong: {got}")
+
+    # --------------------------------------------------------------------- DCP fsspec
+    def dcp_up(self, i: int) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+        writer = FsspecWriter(f"{self.url}/dcp-{i}", **self.fsspec_options)
+        with self.meter():
+            dcp.save(self.sd, storage_writer=writer, no_dist=True)
+
+    def dcp_down(self, i: int) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+        target = blank_like(self.sd)
+        with self.meter():
+            reader = FsspecReader(f"{self.url}/dcp-{i}", **self.fsspec_options)
+            dcp.load(target, storage_reader=reader, no_dist=True)
+        if not same(target, self.sd):
+            raise SystemExit("DCP fsspec restore went wrong")
+
+    # --------------------------------------------------------------------- files
+    def store_up(self, i: int) -> None:
+        assert self.ckpt_dir is not None
+        with self.meter():
+            self.store.upload_dir(self.ckpt_dir, f"s-{i}")
+
+    def store_down(self, i: int) -> None:
+        dst = self.tmp / "store-down"
+        shutil.rmtree(dst, ignore_errors=True)
+        with self.meter():
+            self.store.download_dir(f"s-{i}", dst)
+        self.check_files(dst)
+
+    def boto_up(self, i: int) -> None:
+        src = self.ckpt_dir
+        assert src is not None
+        with self.meter():
+            for p in files_of(src):
+                rel = p.relative_to(src).as_posix()
+                self.client.upload_file(str(p), self.bucket, f"{self.base}/boto-{i}/{rel}")
+
+    def boto_down(self, i: int) -> None:
+        assert self.ckpt_dir is not None
+        dst = self.tmp / "boto-down"
+        shutil.rmtree(dst, ignore_errors=True)
+        dst.mkdir()
+        with self.meter():
+            for p in files_of(self.ckpt_dir):
+                rel = p.relative_to(self.ckpt_dir).as_posix()
+                self.client.download_file(self.bucket, f"{self.base}/boto-{i}/{rel}", str(dst / rel))
+        self.check_files(dst)
+
+    def check_files(self, dst: Path) -> None:
+        assert self.ckpt_dir is not None
+        for p in files_of(self.ckpt_dir):
+            if (dst / p.relative_to(self.ckpt_dir)).read_bytes() != p.read_bytes():
+                raise SystemExit(f"downloaded {p.name} differs")
+        shutil.rmtree(dst)
+
+    def cleanup(self) -> None:
+        for key, _, _ in self.store._list(self.base + "/"):
+            self.client.delete_object(Bucket=self.bucket, Key=key)
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--size-mib", type=int, default=256)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "s3.json"))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--size-mib", type=int, default=256, help="state dict size, MiB (default 256)")
+    ap.add_argument("--repeats", type=int, default=8, help="a multiple of 4 keeps the order balanced")
+    ap.add_argument("--out", default="s3.json", help="file name under benchmarks/results/")
     args = ap.parse_args()
+    if args.size_mib < 1 or args.repeats < 1:
+        print("bench_s3: --size-mib and --repeats must be >= 1", file=sys.stderr)
+        return 2
+    warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+    torch.set_num_threads(1)
 
-    load_before = os.getloadavg()[0]
+    sd = make_state(args.size_mib * MiB / 1e9, hidden=1024)
+    size = state_bytes(sd)
+    loads: list[float] = [os.getloadavg()[0]]
+    variants = ("gpufleet", "DCP fsspec", "S3Store", "boto3 default")
+    # variant -> direction -> measure ("s", "cpu_s", "server_cpu_s") -> one value per repeat
+    runs: dict[str, dict[str, dict[str, list[float]]]] = {
+        v: {d: {m: [] for m in MEASURES} for d in (UP, DOWN)} for v in variants
+    }
     with tempfile.TemporaryDirectory(prefix="bench-s3-") as tmp:
         tmpd = Path(tmp)
         server = None
         if os.environ.get("GPUFLEET_TEST_S3_ENDPOINT"):
             endpoint = os.environ["GPUFLEET_TEST_S3_ENDPOINT"]
-            access, secret = (
-                os.environ["GPUFLEET_TEST_S3_ACCESS_KEY"],
-                os.environ["GPUFLEET_TEST_S3_SECRET_KEY"],
-            )
+            access = os.environ["GPUFLEET_TEST_S3_ACCESS_KEY"]
+            secret = os.environ["GPUFLEET_TEST_S3_SECRET_KEY"]
             bucket = os.environ.get("GPUFLEET_TEST_S3_BUCKET", "gpufleet-test")
         else:
             server = SeaweedServer(tmpd / "weed").start()
@@ -73,73 +253,105 @@ def main() -> int:
             AWS_ENDPOINT_URL=endpoint,
             AWS_DEFAULT_REGION="us-east-1",
         )
+        meter = Meter(server.pid if server is not None else None)
+        b = Bench(tmpd, endpoint, bucket, access, secret, sd, meter)
+        steps: dict[str, tuple[Callable[[int], None], Callable[[int], None]]] = {
+            "gpufleet": (b.engine_up, b.engine_down),
+            "DCP fsspec": (b.dcp_up, b.dcp_down),
+            "S3Store": (b.store_up, b.store_down),
+            "boto3 default": (b.boto_up, b.boto_down),
+        }
+
+        def run(name: str, direction: str, i: int) -> None:
+            steps[name][direction == DOWN](i)
+            for m, value in zip(MEASURES, meter.last, strict=True):
+                runs[name][direction][m].append(value)
+
         try:
-            src = tmpd / "src"
-            src.mkdir()
-            with open(src / "shard.bin", "wb") as f:
-                for _ in range(args.size_mib):
-                    f.write(os.urandom(MiB))
-            (src / "manifest.json").write_text("{}")
-            size = (src / "shard.bin").stat().st_size + 2
-
-            store = S3Store(f"s3://{bucket}/bench-{os.getpid()}")
-            import boto3
-            from botocore.config import Config
-
-            client = boto3.client("s3", endpoint_url=endpoint, config=Config(s3={"addressing_style": "path"}))
-            base_key = f"bench-{os.getpid()}/baseline"
-
-            results: dict[str, dict[str, list[float]]] = {"S3Store": {"up": [], "down": []}}
-            results["boto3 default"] = {"up": [], "down": []}
+            for name in variants:  # warm-up, not recorded: imports, first connections, the files
+                steps[name][0](-1)
+                steps[name][1](-1)
+            b.upload_s.clear()
+            b.blocked_s.clear()
             for i in range(args.repeats):
-                dst = tmpd / f"dst{i}"
-                results["S3Store"]["up"].append(timed(lambda: store.upload_dir(src, "ckpt")))
-                results["S3Store"]["down"].append(timed(lambda d=dst: store.download_dir("ckpt", d)))
-                store.delete_prefix("ckpt")
-
-                def up() -> None:
-                    client.upload_file(str(src / "shard.bin"), bucket, f"{base_key}/shard.bin")
-                    client.upload_file(str(src / "manifest.json"), bucket, f"{base_key}/manifest.json")
-
-                def down(d: Path = tmpd / f"base{i}") -> None:
-                    d.mkdir()
-                    client.download_file(bucket, f"{base_key}/shard.bin", str(d / "shard.bin"))
-                    client.download_file(bucket, f"{base_key}/manifest.json", str(d / "manifest.json"))
-
-                results["boto3 default"]["up"].append(timed(up))
-                results["boto3 default"]["down"].append(timed(down))
-                for d in (dst, tmpd / f"base{i}"):
-                    for p in d.rglob("*"):
-                        if p.is_file():
-                            p.unlink()
+                # Every upload of the repeat, then every restore, each in the order of row i of a
+                # balanced Latin square: over 4 repeats each variant runs once in each position and
+                # right after each other variant once (what ran just before skews a run on this host).
+                order = [variants[k] for k in WILLIAMS[i % len(WILLIAMS)]]
+                for name in order:
+                    run(name, UP, i)
+                for name in order:
+                    run(name, DOWN, i)
+                loads.append(os.getloadavg()[0])
+                print(f"repeat {i + 1}/{args.repeats} done, load {loads[-1]:.1f}", flush=True)
+            b.cleanup()
         finally:
             if server is not None:
                 server.stop()
 
-    mibs = {name: {k: size / MiB / statistics.median(v) for k, v in r.items()} for name, r in results.items()}
-    load = f"load {load_before:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
-    print(f"\nS3 on loopback, {args.size_mib} MiB file, median of {args.repeats} (MiB/s); {load}")
-    print(f"{'client':<16}{'upload':>10}{'download':>10}")
-    for name, m in mibs.items():
-        print(f"{name:<16}{m['up']:>10.0f}{m['down']:>10.0f}")
-    ours, base = mibs["S3Store"], mibs["boto3 default"]
-    print(f"{'ratio':<16}{ours['up'] / base['up']:>9.2f}x{ours['down'] / base['down']:>9.2f}x")
-    out = {
-        "benchmark": "s3_loopback",
-        "size_mib": args.size_mib,
-        "repeats": args.repeats,
-        "server": "SeaweedFS (weed server -s3) on 127.0.0.1",
-        "host": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        # other work on the host skews these figures: record the 1-minute load around the run
-        "loadavg_1m": {"before": load_before, "after": os.getloadavg()[0]},
-        "seconds": results,
-        "mib_per_s": mibs,
-        "ratio_vs_boto3_default": {"up": ours["up"] / base["up"], "down": ours["down"] / base["down"]},
+    secs = {v: {d: runs[v][d]["s"] for d in (UP, DOWN)} for v in variants}
+    med = {v: {d: median(secs[v][d]) for d in (UP, DOWN)} for v in variants}
+    cpu = {v: {d: {m: median(runs[v][d][m]) for m in MEASURES[1:]} for d in (UP, DOWN)} for v in variants}
+    mibs = {v: {d: size / MiB / med[v][d] for d in (UP, DOWN)} for v in variants}
+    ratio = {
+        "gpufleet_vs_dcp_fsspec": {d: med["DCP fsspec"][d] / med["gpufleet"][d] for d in (UP, DOWN)},
+        "s3store_vs_boto3_default": {d: med["boto3 default"][d] / med["S3Store"][d] for d in (UP, DOWN)},
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    load = f"load avg (1 min) {min(loads):.1f}..{max(loads):.1f}, median {median(loads):.1f}"
+    load += f" on {os.cpu_count()} CPUs"
+    rows = [
+        [v, med[v][UP], mibs[v][UP], med[v][DOWN], mibs[v][DOWN]]
+        + [cpu[v][d][m] for d in (UP, DOWN) for m in MEASURES[1:]]
+        for v in variants
+    ]
+    print_table(
+        f"S3 on loopback (SeaweedFS), {size / MiB:.0f} MiB state, median of {args.repeats}; {load}",
+        ["variant", "upload s", "MiB/s", "restore s", "MiB/s"]
+        + ["up cpu s", "up server cpu s", "restore cpu s", "restore server cpu s"],
+        rows,
+    )
+    g, s = ratio["gpufleet_vs_dcp_fsspec"], ratio["s3store_vs_boto3_default"]
+    print(f"\ngpufleet vs DCP fsspec:  upload {g[UP]:.2f}x  restore {g[DOWN]:.2f}x  (goal >= 1.5x)")
+    print(f"S3Store vs boto3 default: upload {s[UP]:.2f}x  restore {s[DOWN]:.2f}x  (goal: restore >= 1.0x)")
+    blocked = median(b.blocked_s)
+    print(
+        f"gpufleet save: training blocked {blocked:.2f} s (DCP fsspec save blocks "
+        f"{med['DCP fsspec'][UP]:.2f} s: {med['DCP fsspec'][UP] / blocked:.0f}x), then the engine's "
+        f"upload_dir {median(b.upload_s):.2f} s in the background"
+    )
+    out = write_json(
+        args.out,
+        {
+            "benchmark": "s3_loopback",
+            "server": "SeaweedFS (weed server -s3) on 127.0.0.1",
+            "size_mib": round(size / MiB, 1),
+            "repeats": args.repeats,
+            # other work on the host skews these figures: the 1-minute load before and after each repeat
+            "loadavg_1m": loads,
+            "runs": runs,
+            "median_s": med,
+            "median_cpu_s": cpu,
+            "mib_per_s": mibs,
+            "ratio": ratio,
+            "engine_upload_s": b.upload_s,
+            "engine_blocked_s": b.blocked_s,
+            "versions": _versions(),
+        },
+    )
+    print(f"wrote {out}")
     return 0
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("boto3", "botocore", "s3fs", "fsspec", "aiobotocore", "torch"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "absent"
+    return out
 
 
 if __name__ == "__main__":
