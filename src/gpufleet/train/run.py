@@ -276,6 +276,18 @@ class Run:
                 return b
         return None
 
+    def _skip_loader_batches(self, n: int) -> None:
+        """A skipped window skips its batches too: a ``gpufleet.resumable`` loader in the restore dict is
+        advanced by the skipped steps' batches (a StepSampler needs nothing: its batch is a function of
+        the step), so the steps after the window train on the batches they would have had."""
+        from gpufleet.train.data import ResumableLoader
+
+        assert self._mapper is not None
+        for obj in self._mapper.state.values():
+            if isinstance(obj, ResumableLoader):
+                for _ in range(n):
+                    next(obj)
+
     def steps(self, total: int, *, steps_per_epoch: int | None = None) -> Iterator[int]:
         """Yield global step numbers from the restored step to ``total`` (exclusive)."""
         if self._mapper is None:
@@ -288,6 +300,7 @@ class Run:
             resume = self._in_skip(step)
             if resume is not None:
                 self.sink.emit(E.Skip(skipped_from=step, skipped_to=resume))
+                self._skip_loader_batches(resume - step)
                 step = resume
                 continue
             self.step = step
