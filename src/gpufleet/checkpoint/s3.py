@@ -389,13 +389,16 @@ class S3Store:
             workers = min(self._transfer_config.max_request_concurrency, len(ranges))
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="s3get") as pool:
                 futures = [pool.submit(self._get_range, r, stop) for r in ranges]
-                done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-                failed = [f for f in futures if f in done and f.exception() is not None]
-                if failed:
-                    stop.set()  # the running ranges stop at their next read; queued ones never start
+                try:
+                    done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+                    failed = [f for f in futures if f in done and f.exception() is not None]
+                    if failed:
+                        raise failed[0].exception()  # type: ignore[misc]
+                except BaseException:  # a range failed, or Ctrl-C: do not wait for the others
+                    stop.set()  # running ranges stop at their next read; queued ones never start
                     for f in futures:
                         f.cancel()
-                    raise failed[0].exception()  # type: ignore[misc]
+                    raise
         finally:
             for fd in fds:
                 os.close(fd)
