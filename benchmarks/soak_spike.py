@@ -99,6 +99,8 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
         "--run-dir",
         str(run_dir),
         "--no-progress",
+        "--max-restarts",
+        str(args.max_restarts),
         "--",
         sys.executable,
         str(SCRIPT),
@@ -254,6 +256,12 @@ def main() -> None:
     ap.add_argument("--kill-every", default="2m", help="outside kill -9 period")
     ap.add_argument("--run-dir", default="runs/soak_spike")
     ap.add_argument("--seed", type=int, default=0, help="which rank each kill hits")
+    ap.add_argument(
+        "--max-restarts",
+        type=int,
+        default=1000,
+        help="gpufleet run's restart budget, a lifetime count (default there: 10, which 30 kills exceed)",
+    )
     ap.add_argument("--out", default=str(HERE / "results" / "soak_spike.json"))
     ap.add_argument("--summarize", metavar="RUN_DIR", help="only summarise a finished soak's run directory")
     ap.add_argument("train_args", nargs="*", help="arguments for gru_lm.py (after --)")
