@@ -207,6 +207,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     evs = _events(run_dir)
     losses = kept_losses(evs)
     samples = side["samples"]
+    settled = [s for s in samples if s["t"] >= 60]
     give_ups = [e["reason"] for e in evs if e["ev"] == "give_up"]
     crash = [i for i in report["incidents"] if i["cause"] == "crash"]
     return {
@@ -239,11 +240,12 @@ def summarize(run_dir: Path) -> dict[str, Any]:
             "mean": round(statistics.fmean(s["load1"] for s in samples), 2) if samples else None,
             "max": round(max(s["load1"] for s in samples), 2) if samples else None,
         },
+        # from the first sample a minute in (before that the supervisor is still importing)
         "supervisor": {
-            k: {"first": samples[0][k], "last": samples[-1][k], "max": max(s[k] for s in samples)}
+            k: {"first": settled[0][k], "last": settled[-1][k], "max": max(s[k] for s in settled)}
             for k in ("rss_mb", "fds", "threads")
         }
-        if samples
+        if settled
         else None,
         "cpus": os.cpu_count(),
         "kill_log": side["kills"],
