@@ -8,7 +8,9 @@ repeat) so machine noise hits them alike:
 
 * ``gpufleet``, ``torchrun``: no checkpoints;
 * ``gpufleet+ckpt``, ``torchrun+ckpt``: a checkpoint every ``--ckpt-every`` steps (gpufleet's engine;
-  for torchrun a synchronous ``torch.distributed.checkpoint.save``, as the DCP tutorial does).
+  for torchrun a synchronous ``torch.distributed.checkpoint.save``, as the DCP tutorial does);
+* with ``--with-all-threads``, also ``gpufleet/all-threads``: ``OMP_NUM_THREADS`` exported as the CPU
+  count, i.e. torch's own default, which is what every gpufleet worker got before issue 9.
 
 Steady-state step time: rank 0's wall time per step after ``--warmup`` steps (start-up, restore and
 the first steps excluded), as the mean (what throughput sees, checkpoint stalls included) and the
@@ -44,14 +46,17 @@ SCRIPT = HERE / "scripts" / "p9_gru.py"
 RESULTS = HERE / "results"
 BIN = Path(sys.executable).parent
 VARIANTS = ("gpufleet", "torchrun", "gpufleet+ckpt", "torchrun+ckpt")
+ALL_THREADS = "gpufleet/all-threads"
 GOALS = {"none": 1.05, "ckpt": 1.15}
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
                "NUMEXPR_NUM_THREADS")
 
 
-def _env(out: Path) -> dict[str, str]:
+def _env(out: Path, variant: str = "") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in THREAD_VARS}  # the launcher's defaults decide
     env["BENCH_OUT"] = str(out)
+    if variant == ALL_THREADS:
+        env["OMP_NUM_THREADS"] = str(len(os.sched_getaffinity(0)))
     return env
 
 
@@ -75,7 +80,7 @@ def one_trial(variant: str, args: argparse.Namespace, root: Path, i: int) -> dic
     load = os.getloadavg()
     cmd = _command(variant, work, args, ["--steps", str(args.steps)])
     t0 = time.monotonic()
-    p = subprocess.run(cmd, env=_env(work / "out"), cwd=work, capture_output=True, text=True, timeout=args.timeout)
+    p = subprocess.run(cmd, env=_env(work / "out", variant), cwd=work, capture_output=True, text=True, timeout=args.timeout)
     wall = time.monotonic() - t0
     if p.returncode != 0:
         raise SystemExit(f"bench_p9: {variant} failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
@@ -114,6 +119,7 @@ def main() -> int:
     ap.add_argument("--ckpt-every", type=int, default=20)
     ap.add_argument("--micro", type=int, default=500, help="steps of the run-API microbenchmark (0: skip)")
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--with-all-threads", action="store_true", help=f"add the {ALL_THREADS} variant")
     ap.add_argument("--out", default="p9_threads.json", help="file name under benchmarks/results/")
     args = ap.parse_args()
     if args.repeats < 1 or args.steps < args.warmup + 10 or args.ckpt_every < 1 or args.micro < 0:
@@ -122,9 +128,10 @@ def main() -> int:
         return 2
     root = Path(tempfile.mkdtemp(prefix="gpufleet-p9-"))
     rows: list[dict[str, Any]] = []
+    variants = VARIANTS + ((ALL_THREADS,) if args.with_all_threads else ())
     try:
         for i in range(args.repeats):
-            order = VARIANTS[i % len(VARIANTS):] + VARIANTS[: i % len(VARIANTS)]
+            order = variants[i % len(variants):] + variants[: i % len(variants)]
             for v in order:
                 row = one_trial(v, args, root, i)
                 rows.append(row)
@@ -135,7 +142,7 @@ def main() -> int:
         shutil.rmtree(root, ignore_errors=True)
 
     summary: dict[str, dict[str, float]] = {}
-    for v in VARIANTS:
+    for v in variants:
         mine = [r for r in rows if r["variant"] == v]
         summary[v] = {"mean_s": statistics.median(r["mean_s"] for r in mine),
                       "median_s": statistics.median(r["median_s"] for r in mine)}
@@ -152,9 +159,9 @@ def main() -> int:
     loads = [r["load1"] for r in rows]
     print(f"\nP9: steady-state step time, {args.steps} steps (first {args.warmup} left out), "
           f"{args.repeats} repeat(s), medians; load average {min(loads)}-{max(loads)} on {os.cpu_count()} CPUs")
-    print(f"{'variant':<15}{'mean ms/step':>14}{'median ms/step':>16}")
-    for v in VARIANTS:
-        print(f"{v:<15}{summary[v]['mean_s'] * 1e3:>14.1f}{summary[v]['median_s'] * 1e3:>16.1f}")
+    print(f"{'variant':<21}{'mean ms/step':>14}{'median ms/step':>16}")
+    for v in variants:
+        print(f"{v:<21}{summary[v]['mean_s'] * 1e3:>14.1f}{summary[v]['median_s'] * 1e3:>16.1f}")
     for k, label in (("none", "no checkpoints"), ("ckpt", f"checkpoint every {args.ckpt_every}")):
         verdict = "met" if ratios[k] <= GOALS[k] else "MISSED"
         print(f"gpufleet / torchrun, {label}: {ratios[k]:.3f}x (goal <= {GOALS[k]}x: {verdict}); "

@@ -204,3 +204,24 @@ def test_without_min_nproc_a_failing_slot_is_never_dropped(tmp_path: Path) -> No
     events = read_typed(tmp_path)
     assert not [e for e in events if isinstance(e, E.SlotDropped)]
     assert [e.world_size for e in events if isinstance(e, E.AttemptStart)] == [2, 2, 2]
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--cpu-affinity", "sometimes"], "--cpu-affinity 'sometimes'"),
+        (["--cpu-affinity", "0:0:0"], "names 3 rank(s), but --nproc-per-node is 2"),
+        (["--cpu-affinity", "0:4095"], "CPU(s) 4095 of local rank 1 are not usable here"),
+        (["--min-nproc", "3"], "--min-nproc 3 is more than --nproc-per-node 2"),
+        (["--min-nproc", "0"], "--min-nproc"),
+        (["--min-nproc", "1", "--backend", "srun"], "--min-nproc is for the local backend"),
+        (["--slot-failures", "0"], "--slot-failures"),
+    ],
+)
+def test_bad_resource_flags_are_one_line_exit_2(tmp_path: Path, flags: list[str], needle: str) -> None:
+    cmd = [*GPUFLEET, "run", "-n", "2", "--run-dir", str(tmp_path / "run"), *flags, "--", sys.executable, TOY]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], p.stderr
+    assert not (tmp_path / "run").exists()  # nothing started
