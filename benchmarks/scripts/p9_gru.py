@@ -9,7 +9,8 @@ Two forms of the same training (model, data, optimizer, schedule, batch):
   (through ``get_state_dict``), as the DCP tutorial does.
 
 Rank 0 writes ``$BENCH_OUT/steps.json``: the wall time at the end of every step (``time.perf_counter``
-of rank 0, after the optimizer step), the thread count it ran with and its affinity.
+of rank 0, after the optimizer step), its process CPU time there (all its threads), the thread count
+it ran with and its affinity.
 
 ``--micro N`` (gpufleet only): instead of training, the run API's per-step cost on its own, on the
 same process group: N bare ``dist.all_reduce`` calls of the 4-value control vector, N empty
@@ -95,15 +96,17 @@ def run_gpufleet(args: argparse.Namespace, out: Path) -> None:
     model, optim, sched, loader, sampler = build(args, run.rank, run.world_size)
     data = gpufleet.resumable(loader)
     run.restore({"model": model, "optim": optim, "sched": sched, "data": data, "rng": gpufleet.RNGState()})
-    ends = []
+    ends: list[float] = []
+    cpu: list[float] = []
     for _step in run.steps(args.steps):
         x, y = next(data)
         loss = train_step(model, optim, sched, x, y)
         run.log(loss=loss)
         finish_step(model, optim, sched)
         ends.append(time.perf_counter())
+        cpu.append(time.process_time())
     if run.rank == 0:
-        write(out, "steps.json", info(ends))
+        write(out, "steps.json", info(ends, cpu))
     run.finish()
 
 
@@ -153,7 +156,8 @@ def run_torchrun(args: argparse.Namespace, out: Path) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     model, optim, sched, loader, sampler = build(args, rank, world)
     it = batches(loader, sampler)
-    ends = []
+    ends: list[float] = []
+    cpu: list[float] = []
     for step in range(args.steps):
         x, y = next(it)
         loss = train_step(model, optim, sched, x, y)
@@ -163,15 +167,17 @@ def run_torchrun(args: argparse.Namespace, out: Path) -> None:
             msd, osd = get_state_dict(model, optim)
             dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(out / "ckpt" / f"step_{step + 1}"))
         ends.append(time.perf_counter())
+        cpu.append(time.process_time())
     if rank == 0:
-        write(out, "steps.json", info(ends))
+        write(out, "steps.json", info(ends, cpu))
     dist.barrier()
     dist.destroy_process_group()
 
 
-def info(ends: list[float]) -> dict:  # type: ignore[type-arg]
+def info(ends: list[float], cpu: list[float]) -> dict:  # type: ignore[type-arg]
     return {
         "ends": ends,
+        "cpu": cpu,
         "threads": torch.get_num_threads(),
         "omp": os.environ.get("OMP_NUM_THREADS"),
         "cpus": sorted(os.sched_getaffinity(0)),
