@@ -41,6 +41,7 @@ import torch.distributed.checkpoint as dcp
 from common import blank_like, drop_caches, make_state, median, print_table, state_bytes, write_json
 from gpufleet.checkpoint import CheckpointConfig, CheckpointEngine
 from gpufleet.core import events as E
+from gpufleet.core.ledger import as_event
 
 warnings.simplefilter("ignore")
 CHUNK = 64 << 20
@@ -50,8 +51,9 @@ class Sink:
     def __init__(self) -> None:
         self.last: dict[str, dict[str, Any]] = {}
 
-    def emit(self, ev: str, **fields: Any) -> None:
-        self.last[ev] = fields
+    def emit(self, event: E.Event | str, /, **fields: Any) -> None:
+        ev = as_event(event, fields)  # the engine emits typed events
+        self.last[ev.kind] = ev.to_record()
 
 
 def _raw_write_one(path: Path, nbytes: int, buf: memoryview, direct: bool) -> None:
