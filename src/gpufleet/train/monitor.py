@@ -44,6 +44,7 @@ class AttemptMonitor:
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=200))
     started: float = field(default_factory=time.monotonic)
     _unknown: set[str] = field(default_factory=set)  # kinds of worker events that could not be typed
+    _tail: float | None = None  # the slow tail of step_times, kept until the next step event
 
     def pump(self, timeout: float) -> None:
         """Take in whatever the workers sent within ``timeout`` seconds."""
@@ -82,6 +83,7 @@ class AttemptMonitor:
             if event.loss is not None:
                 self.loss = event.loss
             self.step_times.append(event.dt)
+            self._tail = None
         elif isinstance(event, E.Spike):
             self.spike_step = event.step
             self.spike_t = event.t
@@ -110,12 +112,13 @@ class AttemptMonitor:
         """Auto-calibrated: ``multiplier`` x the slow tail of observed step times, never below the floor."""
         if self.phase.get(rank, "init") not in ("step", "sync") or len(self.step_times) < 3:
             return max(self.init_timeout_s, self.hang_floor_s)
-        tail = (
-            statistics.quantiles(self.step_times, n=100)[98]
-            if len(self.step_times) >= 10
-            else max(self.step_times)
-        )
-        return max(self.hang_floor_s, self.hang_multiplier * tail)
+        if self._tail is None:  # checked on every supervisor wake-up: computed once per step event
+            self._tail = (
+                statistics.quantiles(self.step_times, n=100)[98]
+                if len(self.step_times) >= 10
+                else max(self.step_times)
+            )
+        return max(self.hang_floor_s, self.hang_multiplier * self._tail)
 
     def hung_rank(self, codes: dict[int, int | None]) -> tuple[int, float] | None:
         """If any live rank is silent past its timeout: the rank to blame and when it was last heard from.

@@ -11,6 +11,7 @@ without an extra collective when ``run.log`` is called.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import sys
@@ -33,6 +34,14 @@ from gpufleet.train.spike import SpikeGuard
 from gpufleet.train.statedict import StateMapper
 
 __all__ = ["Run", "init", "SpikeDetected"]
+
+
+# With peers, every step already sends a SYNC heartbeat (before the control all-reduce); the heartbeat at
+# a step's start is then only sent this often. The hang timeout's floor is a minute, and the SYNC
+# heartbeats alone keep the blame exact: a rank stuck in its step's work last said "sync" at the step
+# before, one step behind its peers waiting in this step's all-reduce. Fewer pipe writes per step mean
+# fewer supervisor wake-ups competing with the workers for a CPU.
+_STEP_HB_EVERY_S = 1.0
 
 
 class SpikeDetected(GpufleetError):
@@ -91,6 +100,7 @@ class Run:
         self.steps_per_epoch: int | None = None
         self._stall = 0.0
         self._ctrl_done = False
+        self._step_hb_t = -math.inf  # monotonic time of the last step-start heartbeat
         self._save_due = False
         self._stop_requested = False
         self._stop_agreed = False
@@ -249,7 +259,7 @@ class Run:
     def _control(self, loss: float | None) -> float | None:
         """All-reduce [loss, non-finite, stop, save-due] once per step; returns the mean loss."""
         due = self.is_main and self._policy is not None and self._policy.due(self.step + 1, time.time())
-        nonfinite = loss is not None and not torch.isfinite(torch.tensor(loss)).item()
+        nonfinite = loss is not None and not math.isfinite(loss)
         vec = torch.tensor(
             [
                 0.0 if (loss is None or nonfinite) else loss,
@@ -264,11 +274,12 @@ class Run:
                 self.sink.emit(E.Heartbeat(step=self.step, phase=E.HeartbeatPhase.SYNC))
             dist.all_reduce(vec)
         self._ctrl_done = True
-        self._save_due = vec[3].item() > 0
-        self._stop_agreed = vec[2].item() > 0
+        total, n_nonfinite, stop, save = vec.tolist()
+        self._save_due = save > 0
+        self._stop_agreed = stop > 0
         if loss is None:
             return None
-        return float("nan") if vec[1].item() > 0 else vec[0].item() / self.world_size
+        return float("nan") if n_nonfinite > 0 else total / self.world_size
 
     def _in_skip(self, step: int) -> int | None:
         for a, b in self._skips:
@@ -310,8 +321,9 @@ class Run:
                 self._save(step)
             self._save_due = False
             self._faults.before_step(step)
-            if self.supervised:
+            if self.supervised and (self.world_size == 1 or t0 - self._step_hb_t >= _STEP_HB_EVERY_S):
                 self.sink.emit(E.Heartbeat(step=step, total=total))
+                self._step_hb_t = t0
             self._ctrl_done = False
             self._progressed = False
             try:
