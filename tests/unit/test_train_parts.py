@@ -58,7 +58,7 @@ def test_injector_targets_ranks_and_fires_once():
     inj = FaultInjector(
         parse_faults(["nan:step=2", "spike:step=3,rank=1,factor=10", "ckpt_fail:step=4"]),
         rank=1,
-        emit=lambda ev, **f: fired.append(f["kind"]),
+        emit=lambda e: fired.append(e.fault),
     )
     assert inj.loss(1, 1.0) == 1.0
     assert math.isnan(inj.loss(2, 1.0))
@@ -71,7 +71,7 @@ def test_injector_targets_ranks_and_fires_once():
     inj.fired(due, 6)
     assert inj.checkpoint_fault(7) is None
     assert fired == ["nan", "spike", "ckpt_fail"]
-    other = FaultInjector(parse_faults(["spike:step=3,rank=1"]), rank=0, emit=lambda ev, **f: None)
+    other = FaultInjector(parse_faults(["spike:step=3,rank=1"]), rank=0, emit=lambda e: None)
     assert other.loss(3, 2.0) == 2.0
 
 
@@ -91,7 +91,7 @@ def test_settle_waits_for_the_checkpoint_before_the_fault_fires():
         raise Settled  # stands in for the wait; stops the test before the SIGKILL
 
     inj = FaultInjector(
-        parse_faults(["kill:step=4,settle=1"]), rank=0, emit=lambda ev, **f: order.append(ev), settle=settle
+        parse_faults(["kill:step=4,settle=1"]), rank=0, emit=lambda e: order.append(e.kind), settle=settle
     )
     inj.before_step(3)
     assert order == []
