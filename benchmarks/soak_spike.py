@@ -99,8 +99,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
         "--run-dir",
         str(run_dir),
         "--no-progress",
-        "--max-restarts",
-        str(args.max_restarts),
+        *(["--max-restarts", str(args.max_restarts)] if args.max_restarts is not None else []),
         "--",
         sys.executable,
         str(SCRIPT),
@@ -261,8 +260,8 @@ def main() -> None:
     ap.add_argument(
         "--max-restarts",
         type=int,
-        default=1000,
-        help="gpufleet run's restart budget, a lifetime count (default there: 10, which 30 kills exceed)",
+        default=None,
+        help="gpufleet run's restart budget (default: gpufleet run's own, 10 within 1000 steps)",
     )
     ap.add_argument("--out", default=str(HERE / "results" / "soak_spike.json"))
     ap.add_argument("--summarize", metavar="RUN_DIR", help="only summarise a finished soak's run directory")

@@ -95,6 +95,7 @@ class RunRequest:
             run_dir=p["run_dir"],
             backend="srun" if backend == "slurm" else backend,  # inside the job, the supervisor uses srun
             max_restarts=p["max_restarts"],
+            restart_window=p["restart_window"],
             max_no_progress=p["max_no_progress"],
             max_rollbacks=p["max_rollbacks"],
             rollback_window=p["rollback_window"],
@@ -127,7 +128,12 @@ def run_command(
     backend: Annotated[
         str, typer.Option(help="Where workers run: local, slurm (submit a batch job), srun (inside one).")
     ] = "local",
-    max_restarts: Annotated[int, typer.Option(help="Restart budget before giving up (exit 4).")] = 10,
+    max_restarts: Annotated[
+        int, typer.Option(help="Restarts allowed within --restart-window steps (exit 4 beyond).")
+    ] = 10,
+    restart_window: Annotated[
+        int, typer.Option(help="Steps over which --max-restarts counts (0: the whole run).")
+    ] = 1000,
     max_no_progress: Annotated[
         int,
         typer.Option(help="Stop (exit 3) after this many consecutive restarts without a newer checkpoint."),

@@ -36,6 +36,7 @@ FLAGS: dict[str, str] = {
     "run_dir": "--run-dir",
     "backend": "--backend",
     "max_restarts": "--max-restarts",
+    "restart_window": "--restart-window",
     "max_no_progress": "--max-no-progress",
     "max_rollbacks": "--max-rollbacks",
     "rollback_window": "--rollback-window",
@@ -59,7 +60,8 @@ class SupervisorConfig(BaseModel):
     nproc: int = Field(1, ge=1)
     run_dir: str = Field("runs/default", min_length=1)
     backend: str = "local"
-    max_restarts: int = Field(10, ge=0)
+    max_restarts: int = Field(10, ge=0)  # within any `restart_window` steps: a rate
+    restart_window: int = Field(1000, ge=0)  # steps; 0: count over the whole run
     max_no_progress: int = Field(3, ge=0)  # consecutive restarts without a newer committed checkpoint
     max_rollbacks: int = Field(3, ge=0)  # within any `rollback_window` steps: a rate
     rollback_window: int = Field(1000, ge=0)  # steps; 0: count over the whole run

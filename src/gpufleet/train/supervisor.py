@@ -127,6 +127,7 @@ class Supervisor:
 
     def _loop(self, ledger: Ledger, view: Any) -> Outcome:
         restarts = 0
+        restart_steps: list[int] = []  # the failure step of every restart, for the restart rate
         no_progress = 0
         best_committed = -1
         progress_mark = -1
@@ -210,9 +211,12 @@ class Supervisor:
                 why = f"{no_progress} consecutive restarts made no checkpoint progress"
                 ledger.emit(E.GiveUp(reason=why))
                 return outcome(E.RunStatus.NO_PROGRESS, ExitCode.NO_PROGRESS)
-            if restarts >= self.cfg.max_restarts:
-                ledger.emit(E.GiveUp(reason=f"restart budget of {self.cfg.max_restarts} used up"))
+            cfg = self.cfg
+            why = restart_budget_spent(restart_steps, mon.step, cfg.max_restarts, cfg.restart_window)
+            if why:
+                ledger.emit(E.GiveUp(reason=why))
                 return outcome(E.RunStatus.MAX_RESTARTS, ExitCode.MAX_RESTARTS)
+            restart_steps.append(mon.step)
             restarts += 1
             attempt += 1
             ledger.emit(E.Restart(attempt=attempt, reason=failure.cause.value))
@@ -289,3 +293,18 @@ class Supervisor:
                     happened_t=last_wall,
                     detail=f"no heartbeat for {time.time() - last_wall:.1f}s at step {mon.step}",
                 )
+
+
+def restart_budget_spent(restart_steps: list[int], step: int, max_restarts: int, window: int) -> str | None:
+    """Why a failure at ``step`` may not be restarted, or None.
+
+    The budget is a rate, like the rollback budget: at most ``max_restarts`` restarts whose failure
+    step lies within ``window`` steps of this one (0: the whole run). A crash loop fails at the same
+    step again and again and uses the budget up; a long run that keeps making progress between
+    failures (a node lost every few hours) never does.
+    """
+    recent = sum(1 for s in restart_steps if window == 0 or abs(step - s) < window)
+    if recent < max_restarts:
+        return None
+    where = "in this run" if window == 0 else f"within {window} steps of step {step}"
+    return f"restart budget of {max_restarts} used up ({recent} restarts {where})"
