@@ -36,14 +36,6 @@ from gpufleet.train.statedict import StateMapper
 __all__ = ["Run", "init", "SpikeDetected"]
 
 
-# With peers, every step already sends a SYNC heartbeat (before the control all-reduce); the heartbeat at
-# a step's start is then only sent this often. The hang timeout's floor is a minute, and the SYNC
-# heartbeats alone keep the blame exact: a rank stuck in its step's work last said "sync" at the step
-# before, one step behind its peers waiting in this step's all-reduce. Fewer pipe writes per step mean
-# fewer supervisor wake-ups competing with the workers for a CPU.
-_STEP_HB_EVERY_S = 1.0
-
-
 class SpikeDetected(GpufleetError):
     """Raised in standalone runs when the loss guard fires (under a supervisor the rank exits instead)."""
 
@@ -100,7 +92,6 @@ class Run:
         self.steps_per_epoch: int | None = None
         self._stall = 0.0
         self._ctrl_done = False
-        self._step_hb_t = -math.inf  # monotonic time of the last step-start heartbeat
         self._save_due = False
         self._stop_requested = False
         self._stop_agreed = False
@@ -321,9 +312,10 @@ class Run:
                 self._save(step)
             self._save_due = False
             self._faults.before_step(step)
-            if self.supervised and (self.world_size == 1 or t0 - self._step_hb_t >= _STEP_HB_EVERY_S):
+            if self.supervised:
+                # Every step: a rank blocked in a peer's collective (DDP's backward) must have said it
+                # reached this step, or the hang detector cannot tell it from the rank that hangs.
                 self.sink.emit(E.Heartbeat(step=step, total=total))
-                self._step_hb_t = t0
             self._ctrl_done = False
             self._progressed = False
             try:
