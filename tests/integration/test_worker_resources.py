@@ -100,9 +100,12 @@ def _unprivileged() -> list[str]:
     return [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"]
 
 
+@pytest.mark.parametrize("eager", [False, True])
 def test_standby_imports_at_idle_priority_and_is_promoted_at_normal_priority_unprivileged(
-    shared_dir: Path,
+    shared_dir: Path, eager: bool
 ) -> None:
+    # eager (the first attempt's spares, GPUFLEET_STANDBY_EAGER=1): the imports run at normal priority,
+    # and the variable does not reach the training script.
     # An extra import in the standby's warm-up records the policy of the thread that runs it; the script
     # it is promoted to records its main thread's and a new thread's. The standby runs as nobody.
     (shared_dir / "probe_import.py").write_text(
@@ -119,7 +122,8 @@ def test_standby_imports_at_idle_priority_and_is_promoted_at_normal_priority_unp
         "t.start(); t.join()\n"
         "x = torch.randn(64, 64); (x @ x).sum()\n"
         "json.dump({'uid': os.getuid(), 'policy': os.sched_getscheduler(0),\n"
-        "           'threads': torch.get_num_threads(), 'cpus': sorted(os.sched_getaffinity(0)), **seen},\n"
+        "           'threads': torch.get_num_threads(), 'cpus': sorted(os.sched_getaffinity(0)),\n"
+        "           'eager_env': os.environ.get('GPUFLEET_STANDBY_EAGER'), **seen},\n"
         "          open(sys.argv[1], 'w'))\n"
     )
     boot = (
@@ -128,6 +132,8 @@ def test_standby_imports_at_idle_priority_and_is_promoted_at_normal_priority_unp
     )
     src = str(Path(__file__).resolve().parents[2] / "src")
     env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1"}
+    if eager:
+        env["GPUFLEET_STANDBY_EAGER"] = "1"
     proc = subprocess.Popen(
         [*_unprivileged(), sys.executable, "-c", boot], stdin=subprocess.PIPE, env=env, cwd=str(shared_dir)
     )
@@ -149,12 +155,14 @@ def test_standby_imports_at_idle_priority_and_is_promoted_at_normal_priority_unp
             proc.kill()
             proc.wait()
     warm = json.loads((shared_dir / "import.json").read_text())
-    assert warm == {"policy": os.SCHED_IDLE, "main": False}  # imports: a helper thread, SCHED_IDLE
+    # imports: a helper thread, at SCHED_IDLE unless eager
+    assert warm == {"policy": os.SCHED_OTHER if eager else os.SCHED_IDLE, "main": False}
     out = json.loads((shared_dir / "out.json").read_text())
     if os.getuid() == 0:
         assert out["uid"] == 65534  # it really ran unprivileged
     assert out["policy"] == os.SCHED_OTHER and out["child"] == os.SCHED_OTHER  # the rank: normal priority
     assert out["cpus"] == [cpu] and out["threads"] == 1
+    assert out["eager_env"] is None
 
 
 TOY = str(Path(__file__).parent / "scripts" / "toy_train.py")

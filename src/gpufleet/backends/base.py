@@ -149,10 +149,13 @@ class Backend(ABC):
 
     name: ClassVar[str]
 
-    def prepare(self, spec: LaunchSpec) -> None:
+    def prepare(self, spec: LaunchSpec, *, eager: bool = False) -> None:
         """Warm up for the next attempt before a failure happens (e.g. pre-spawn standby interpreters).
 
-        Called before each attempt starts and again once the running attempt is healthy.
+        Called right after the first attempt starts with ``eager=True``: the warm-up may then use CPU at
+        normal priority, because it overlaps the workers' own start-up rather than their training steps.
+        Called again (``eager=False``) once a restarted attempt is healthy: then it must stay out of the
+        running workers' way (idle priority).
         """
         return None
 

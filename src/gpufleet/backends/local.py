@@ -85,7 +85,7 @@ class LocalBackend(Backend):
         self._noted = False
 
     # -- hooks ---------------------------------------------------------------------------------
-    def prepare(self, spec: LaunchSpec) -> None:
+    def prepare(self, spec: LaunchSpec, *, eager: bool = False) -> None:
         if not self.standby or python_entry(spec.command) is None:
             return
         slots = self.active_slots(spec)
@@ -95,6 +95,8 @@ class LocalBackend(Backend):
             env = {**os.environ, **spec.env}
             # The share is fixed before `import torch`: OpenMP reads it once, as the library loads.
             env.update(thread_env(plan[len(self._standbys)].threads, env), **{Env.CONTROL_FD: str(w)})
+            if eager:  # warm at normal priority: see Backend.prepare
+                env[Env.STANDBY_EAGER] = "1"
             proc = subprocess.Popen(
                 [self.python, "-m", "gpufleet.train.standby"],
                 stdin=subprocess.PIPE,

@@ -15,6 +15,12 @@ process cannot raise a lowered priority back (leaving ``SCHED_IDLE`` or lowering
 would leave the promoted rank slow for the rest of the run. A native thread that the imports started
 (``import torch`` starts one) inherits ``SCHED_IDLE``; on promotion the standby returns those to
 normal where it may (as root), and otherwise leaves them: they do no work in training.
+
+The first attempt's spares are the exception (``GPUFLEET_STANDBY_EAGER=1``): they start beside the
+workers and import at normal priority, so their cost lands in the start-up, which the workers spend
+importing the same libraries, and not in the training steps. Even at idle priority, two standbys'
+imports slowed a dozen steps of two CPU-bound workers on 2 cores by 40 ms each (cache and memory
+traffic, and the wake-up of a rank that waits in an all-reduce).
 """
 
 from __future__ import annotations
@@ -58,8 +64,9 @@ def restore_threads() -> None:
             pass  # gone, or not permitted unprivileged: an idle native helper, harmless
 
 
-def _warm() -> None:
-    set_idle()
+def _warm(idle: bool) -> None:
+    if idle:
+        set_idle()
     for mod in IMPORTS:  # the point: pay for these before a failure, not after
         __import__(mod)
 
@@ -74,7 +81,10 @@ def _set_cpus(cpus: list[int]) -> None:
 
 
 def main() -> None:
-    warm = threading.Thread(target=_warm, name="gpufleet-standby-warm", daemon=True)
+    # Eager: started beside the first attempt's workers, so the imports overlap their start-up (which
+    # imports the same libraries) instead of trickling into their training steps at idle priority.
+    idle = os.environ.pop(Env.STANDBY_EAGER, "") != "1"
+    warm = threading.Thread(target=_warm, args=(idle,), name="gpufleet-standby-warm", daemon=True)
     warm.start()
     line = sys.stdin.readline()
     if not line:  # the supervisor closed us: not needed
