@@ -1,0 +1,1 @@
+"""Fleet reliability simulator (`gpufleet fleet simulate`): profiles, engine, closed forms, validation."""
