@@ -180,8 +180,9 @@ def _poisson_times(rng: np.random.Generator, lam: np.ndarray, horizon: float) ->
     return t
 
 
-def _events(sc: Scenario, seed: int, reps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Sorted interruption times (R, K; inf pads), cause codes (planned = len(causes)), sources."""
+def _events(sc: Scenario, seed: int, reps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Sorted interruption times (R, K; inf pads), cause codes (planned = len(causes)), sources,
+    and the number of lemon nodes in each replicate's job."""
     h = sc.horizon_s
     s = sc.strategy
     g_base, g_lemon, g_early, g_planned = (
@@ -191,6 +192,7 @@ def _events(sc: Scenario, seed: int, reps: int) -> tuple[np.ndarray, np.ndarray,
     n_c = len(rates)
     total = float(rates.sum())
     parts_t, parts_c, parts_s = [], [], []
+    n_lemons = np.zeros(reps, np.int64)
     t = _poisson_times(g_base, np.full(reps, total * h), h)
     parts_t.append(t)
     c = g_base.choice(n_c, size=t.shape, p=rates / total) if total > 0 else np.zeros(t.shape, int)
@@ -244,7 +246,7 @@ def _events(sc: Scenario, seed: int, reps: int) -> tuple[np.ndarray, np.ndarray,
     cc = np.take_along_axis(cc, order, axis=1)
     ss = np.take_along_axis(ss, order, axis=1)
     k = int(np.isfinite(tt).sum(axis=1).max(initial=0))
-    return tt[:, :k], cc[:, :k], ss[:, :k]
+    return tt[:, :k], cc[:, :k], ss[:, :k], n_lemons
 
 
 def _spare_ok(tt: np.ndarray, is_rep: np.ndarray, spares: int, repair_s: float, horizon: float) -> np.ndarray:
@@ -268,7 +270,7 @@ def simulate(sc: Scenario, replicates: int = 1000, seed: int = 0) -> Result:
     """Run ``replicates`` Monte Carlo replicates of the scenario (deterministic for a seed)."""
     s = sc.strategy
     h = sc.horizon_s
-    tt, cc, ss = _events(sc, seed, replicates)
+    tt, cc, ss, n_lemons = _events(sc, seed, replicates)
     reps, k = tt.shape
     n_c = len(sc.cause_rates)
     planned = (cc == n_c) & np.isfinite(tt)
@@ -378,4 +380,5 @@ def simulate(sc: Scenario, replicates: int = 1000, seed: int = 0) -> Result:
         by_cause=by_cause,
         by_source=by_source,
         hw_failures=(fail & (ss == SRC_BASE) & replace_c[cc]).sum(axis=1),
+        extra={"lemons": n_lemons},
     )
