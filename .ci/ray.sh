@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Start or stop a real Ray cluster on this one host for the Ray backend tests: a head + 2 worker nodes.
 #   .ci/ray.sh start   # ray from the venv (the `ray` extra); state and logs under .ci/state/ray
-#   .ci/ray.sh stop    # `ray stop` for this cluster's processes, then SIGKILL leftovers by PID
+#   .ci/ray.sh heal    # restart a worker node a test killed (the node-loss test does)
+#   .ci/ray.sh stop    # SIGTERM this cluster's processes (found by its temp dir / GCS port), SIGKILL after 5 s
 # `start` waits until the two worker nodes are alive; then `source .ci/state/ray.env` exports
 # GPUFLEET_TEST_RAY_ADDRESS for pytest. The head runs no tasks (0 CPUs, no `gpufleet` resource); each
 # worker node offers 2 CPUs and 4 units of the `gpufleet` resource, which gpufleet's placement groups ask
@@ -30,22 +31,19 @@ pids() {  # every process of this cluster: those whose command line names its te
   pgrep -f -- "$TMP|gcs-address=127.0.0.1:$BASE|--gcs_server_port=$BASE" 2>/dev/null || true
 }
 
+start_worker() {  # start_worker N: worker node N (1 or 2) joins the head
+  # shellcheck disable=SC2046
+  "$RAY" start --address="127.0.0.1:$BASE" --node-ip-address=127.0.0.1 --num-cpus=2 \
+    --resources='{"gpufleet": 4}' --disable-usage-stats $(ports "$1") >"$S/worker-$1.log" 2>&1
+}
+
 case "${1:-}" in
-  start)
-    mkdir -p "$S"
-    [ -x "$RAY" ] || { echo "ray: $RAY missing (pip install 'gpufleet[ray]')" >&2; exit 1; }
-    # shellcheck disable=SC2046
-    "$RAY" start --head --node-ip-address=127.0.0.1 --port="$BASE" --num-cpus=0 --temp-dir="$TMP" \
-      --include-dashboard=false --disable-usage-stats $(ports 0) >"$S/head.log" 2>&1
+  heal)  # restart the worker nodes a test killed (found by their node-manager port), then wait for them
     for n in 1 2; do
-      # shellcheck disable=SC2046
-      "$RAY" start --address="127.0.0.1:$BASE" --node-ip-address=127.0.0.1 --num-cpus=2 \
-        --resources='{"gpufleet": 4}' --disable-usage-stats $(ports "$n") >"$S/worker-$n.log" 2>&1
+      pgrep -f -- "--node_manager_port=$((BASE + 40 + n * 20))( |$)" >/dev/null || start_worker "$n"
     done
-    cat > "$ROOT/.ci/state/ray.env" <<ENV
-export GPUFLEET_TEST_RAY_ADDRESS=127.0.0.1:$BASE
-export GPUFLEET_TEST_RAY_TMP=$TMP
-ENV
+    ;&
+  wait)
     for _ in $(seq 60); do
       alive=$("$ROOT/.venv/bin/python" - "$BASE" <<'PY' 2>/dev/null || echo 0
 import sys, ray
@@ -56,7 +54,20 @@ PY
       [ "$alive" -ge 2 ] && { echo "ray: head + 2 worker nodes at 127.0.0.1:$BASE"; exit 0; }
       sleep 1
     done
-    echo "ray: worker nodes not up after 60 s" >&2; tail -5 "$S"/*.log >&2; exit 1
+    echo "ray: worker nodes not up after 60 s" >&2; tail -n 5 "$S"/*.log >&2; exit 1
+    ;;
+  start)
+    mkdir -p "$S"
+    [ -x "$RAY" ] || { echo "ray: $RAY missing (pip install 'gpufleet[ray]')" >&2; exit 1; }
+    # shellcheck disable=SC2046
+    "$RAY" start --head --node-ip-address=127.0.0.1 --port="$BASE" --num-cpus=0 --temp-dir="$TMP" \
+      --include-dashboard=false --disable-usage-stats $(ports 0) >"$S/head.log" 2>&1
+    for n in 1 2; do start_worker "$n"; done
+    cat > "$ROOT/.ci/state/ray.env" <<ENV
+export GPUFLEET_TEST_RAY_ADDRESS=127.0.0.1:$BASE
+export GPUFLEET_TEST_RAY_DIR=$S
+ENV
+    exec "$0" wait
     ;;
   stop)
     rm -f "$ROOT/.ci/state/ray.env"

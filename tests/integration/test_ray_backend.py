@@ -1,0 +1,204 @@
+"""The Ray backend on a real Ray cluster (.ci/ray.sh: a head + 2 worker nodes on this host).
+
+(1) `gpufleet run --backend ray --nodes 2` trains two ranks on two Ray nodes to the end; (2) one Ray
+node dies mid-run (its raylet, its actor, the agent and the rank, all SIGKILLed): the run finishes on
+the remaining node from the newest verified checkpoint, with the same world size, bit-identical to
+(1), the node recorded as lost and kept out of the next placement group; (3) the health sweep runs one
+task per node, and the node made to fail its check (a fake NVML recording, the health tests'
+process-boundary fake) loses its `gpufleet` resource, so new placement groups avoid it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from ray_helpers import ray_address, requires_ray
+
+from gpufleet.core.ledger import read_events
+from gpufleet.health.fakes import FAKE_NVML_MODULE, data_path
+
+pytestmark = [pytest.mark.slow, requires_ray]
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = str(Path(__file__).parent / "scripts" / "toy_train.py")
+STEPS = 30
+
+
+def run_argv(run_dir: Path, sleep: float) -> list[str]:
+    return [
+        sys.executable, "-m", "gpufleet.cli.main", "run", "--backend", "ray", "--address", ray_address(),
+        "--nodes", "2", "-n", "1", "--run-dir", str(run_dir), "--checkpoint-every", "5",
+        "--hang-timeout", "10", "--no-progress",
+        "--", sys.executable, SCRIPT, "--steps", str(STEPS), "--sleep", str(sleep),
+    ]  # fmt: skip
+
+
+def evs(run_dir: Path, name: str) -> list[dict]:
+    return [e for e in read_events(run_dir) if e["ev"] == name]
+
+
+def final(run_dir: Path) -> dict:
+    outs = sorted(run_dir.glob("final-*.json"), key=lambda p: p.stat().st_mtime)
+    assert outs, f"no final weights in {run_dir}: {sorted(p.name for p in run_dir.iterdir())}"
+    return json.loads(outs[-1].read_text())
+
+
+def wait_for(pred, timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (by parent pid), read from /proc in one sweep."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
+
+def parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def heal() -> None:
+    subprocess.run([str(ROOT / ".ci" / "ray.sh"), "heal"], check=True, timeout=120, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict:
+    """A clean 2-node x 1-rank run: two Ray nodes train; the bit-identical reference for the loss test."""
+    d = tmp_path_factory.mktemp("ref")
+    env = {**os.environ, "GPUFLEET_FLEET_DIR": str(d / "fleet")}
+    p = subprocess.run(run_argv(d, 0.0), capture_output=True, text=True, timeout=240, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return {"dir": d, "final": final(d)}
+
+
+def test_two_ray_nodes_train_to_the_end(reference):
+    d = reference["dir"]
+    (start,) = evs(d, "attempt_start")
+    assert start["world_size"] == 2 and len(set(start["nodes"])) == 2  # one rank on each of two nodes
+    assert evs(d, "run_end")[-1]["status"] == "completed"
+    assert {e["rank"] for e in evs(d, "worker_ready")} == {0, 1}  # both nodes' events relayed over TCP
+    assert reference["final"]["steps"][-1] == STEPS - 1
+
+
+def test_ray_node_loss_recovers_on_the_remaining_node_bit_identical(tmp_path, reference):
+    d = tmp_path / "run"
+    env = {**os.environ, "GPUFLEET_FLEET_DIR": str(tmp_path / "fleet")}
+    proc = subprocess.Popen(
+        run_argv(d, 0.3), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        wait_for(lambda: evs(d, "ckpt_committed") if d.exists() else False, 120, "a committed checkpoint")
+        (start,) = evs(d, "attempt_start")
+        victim = start["nodes"][1]  # the node running rank 1
+        report = json.loads((d / "agents" / "attempt-0" / f"{victim}.json").read_text())
+        actor = report["ppid"]  # the Ray worker process hosting the NodeAgent actor
+        raylet = parent(actor)
+        assert "raylet" in Path(f"/proc/{raylet}/cmdline").read_text()
+        doomed = descendants(raylet) + report["pids"] + [report["pid"]]  # ranks live in their own sessions
+        for pid in doomed:
+            try:
+                os.kill(pid, signal.SIGKILL)  # the node dies: raylet, its workers, the agent, the rank
+            except ProcessLookupError:
+                pass
+        out, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        heal()  # put the killed worker node back for the other tests
+    lost = evs(d, "node_lost")
+    assert [e["node"] for e in lost] == [victim]
+    starts = evs(d, "attempt_start")
+    assert len(starts) == 2 and starts[-1]["nodes"] == [start["nodes"][0]]  # the survivor, alone
+    assert starts[-1]["world_size"] == 2  # the same world: the survivor runs both ranks
+    restores = evs(d, "restore")
+    assert restores[0]["fresh"] and not restores[-1]["fresh"] and restores[-1]["step"] > 0
+    assert [e["node"] for e in evs(d, "node_state")] == [victim]  # marked suspect in the run's ledger
+    fleet = [e for e in read_events(tmp_path / "fleet") if e["ev"] == "node_state"]
+    assert [(e["node"], e["state"]) for e in fleet] == [(victim, "suspect")]  # and in the fleet's
+    assert evs(d, "run_end")[-1]["status"] == "completed"
+    assert final(d)["sha256"] == reference["final"]["sha256"]
+
+
+def test_health_sweep_quarantines_the_failing_node(tmp_path):
+    import ray
+
+    from gpufleet.backends import ray as R
+
+    fleet = tmp_path / "fleet"
+    plan = tmp_path / "gpu.toml"
+    plan.write_text(
+        'name = "ray-gpu"\nbudget_s = 60\nvalid_s = 600\n'
+        '[[checks]]\nname = "gpu.inventory"\n[[checks]]\nname = "gpu.state"\n'
+    )
+    owned = R.connect(ray_address())
+    try:
+        ids = sorted(n["NodeID"] for n in R._alive_nodes(R.RESOURCE))
+        assert len(ids) == 2
+        bad, good = ids
+        for nid, rec in ((bad, "nvml_h100_bad_gpu3.json"), (good, "nvml_h100_ok.json")):
+            (tmp_path / f"nvml-{R.node_name(nid)}.json").write_text(data_path(rec).read_text())
+        env = {
+            "GPUFLEET_NVML_MODULE": FAKE_NVML_MODULE,
+            "GPUFLEET_FAKE_NVML": str(tmp_path / "nvml-{node}.json"),
+        }
+        total = ray.cluster_resources()[R.RESOURCE]
+        results = R.health_sweep(str(plan), env=env, fleet=fleet)
+        try:
+            by = {h.node_id: h for h in results}
+            assert set(by) == {bad, good}
+            assert by[bad].exit_code == 1 and by[bad].quarantined
+            assert by[good].exit_code == 0 and not by[good].quarantined
+            assert set(R.quarantined()) == {bad}
+            # the node's resource is held: the cluster offers only the healthy node's units now
+            wait_for(lambda: ray.available_resources().get(R.RESOURCE, 0) == total / 2, 60, "the hold")
+            backend = R.RayBackend(address=ray_address(), nodes=1)
+            assert backend.eligible() == [good]
+            # a new placement group lands on the healthy node
+            from ray.util.placement_group import (
+                placement_group,
+                placement_group_table,
+                remove_placement_group,
+            )
+
+            pg = placement_group([{R.RESOURCE: 1}], strategy="PACK")
+            ray.get(pg.ready(), timeout=60)
+            assert placement_group_table(pg)["bundles_to_node_id"][0] == good
+            remove_placement_group(pg)
+        finally:
+            R.release(bad)
+        wait_for(lambda: ray.available_resources().get(R.RESOURCE, 0) == total, 60, "the release")
+        fleet_evs = read_events(fleet)
+        assert {e["node"] for e in fleet_evs if e["ev"] == "health_result"} == {
+            R.node_name(bad),
+            R.node_name(good),
+        }
+        states = [(e["node"], e["state"]) for e in fleet_evs if e["ev"] == "node_state"]
+        assert states == [(R.node_name(bad), "suspect")]
+    finally:
+        if owned:
+            ray.shutdown()
