@@ -93,9 +93,11 @@ def connect(address: str | None = None) -> bool:
         return False
     import logging
 
+    target = address or os.environ.get("RAY_ADDRESS") or "auto"
+    _reachable(target)
     try:
         ray.init(
-            address=address or os.environ.get("RAY_ADDRESS") or "auto",
+            address=target,
             namespace=NAMESPACE,
             logging_level=logging.ERROR,
             log_to_driver=False,
@@ -105,6 +107,19 @@ def connect(address: str | None = None) -> bool:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"cannot join the Ray cluster at {address or 'auto'}: {first}") from None
     return True
+
+
+def _reachable(address: str, timeout: float = 5.0) -> None:
+    """Fail fast (one line) when HOST:PORT does not accept a connection: ray.init would retry for minutes."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        if address != "auto":
+            raise ConfigError(f"--address {address!r} is not HOST:PORT (or auto)")
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise ConfigError(f"cannot reach the Ray cluster at {address}: {e.strerror or e}") from None
 
 
 def node_name(node_id: str) -> str:
