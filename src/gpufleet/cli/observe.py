@@ -129,7 +129,7 @@ def metrics_serve(
 
 
 def _announce(url: str, loopback: bool) -> None:
-    print(f"gpufleet: serving metrics on {url}", file=sys.stderr, flush=True)
+    print(f"gpufleet: serving on {url}", file=sys.stderr, flush=True)
     if not loopback:
         print("gpufleet: warning: not a loopback address; /metrics has no authentication", file=sys.stderr)
 
@@ -233,7 +233,62 @@ def dashboard_rules(output: OutOpt = None) -> None:
     _write(rules_yaml(), output)
 
 
+def mcp_command(
+    dirs: DirsArg = None,
+    fleet_dir: FleetOpt = None,
+    no_fleet: NoFleetOpt = False,
+    serve_dir: ServeDirOpt = None,
+    transport: Annotated[
+        str, typer.Option(help="stdio (for a local assistant) or http (streamable HTTP).")
+    ] = ("stdio"),
+    listen: Annotated[
+        str, typer.Option("--listen", "-l", metavar="[ADDR:]PORT", help="http: where to listen (loopback).")
+    ] = "127.0.0.1:8765",
+    allow_actions: Annotated[
+        bool,
+        typer.Option(
+            "--allow-actions",
+            help="Add the mutating tools drain_node, stop_run, start_health_check (audited, fleet ledger).",
+        ),
+    ] = False,
+    slurm: Annotated[
+        bool, typer.Option("--slurm", help="drain_node drains in Slurm too (owned reason, breaker).")
+    ] = False,
+) -> None:
+    """An MCP server for AI assistants: runs, failures, nodes, health, capacity plans, benchmarks.
+
+    Read-only unless --allow-actions. Examples:
+
+      gpufleet mcp runs/ --fleet-dir /shared/fleet --serve-dir bench/
+
+      gpufleet mcp runs/ --transport http --listen 127.0.0.1:8765   (streamable HTTP at /mcp)
+    """
+    from gpufleet.observe.exporter import parse_listen
+    from gpufleet.observe.mcp_server import McpConfig, build_server
+
+    if transport not in ("stdio", "http"):
+        raise UsageError(f"--transport must be stdio or http, not {transport!r}")
+    where = parse_listen(listen, "--listen")
+    req = SourceRequest.from_flags(dirs, fleet_dir, no_fleet, serve_dir)
+    if allow_actions and req.fleet_dir is None:
+        raise UsageError("--allow-actions needs a fleet directory (--fleet-dir): actions are audited there")
+    cfg = McpConfig(
+        dirs=list(req.dirs),
+        fleet_dir=req.fleet_dir,
+        serve_dirs=list(req.serve_dirs),
+        allow_actions=allow_actions,
+        slurm=slurm,
+    )
+    server = build_server(cfg)
+    if transport == "stdio":
+        server.run("stdio")
+        return
+    _announce(f"http://{where.host}:{where.port}/mcp", where.loopback)
+    server.run("streamable-http", host=where.host, port=where.port)
+
+
 def register(app: typer.Typer) -> None:
     """Add ``metrics``, ``dashboard`` and ``mcp`` to the main CLI."""
     app.add_typer(metrics_app, name="metrics")
     app.add_typer(dashboard_app, name="dashboard")
+    app.command("mcp")(mcp_command)

@@ -556,9 +556,8 @@ class FleetSource(Source):
                     self.slurm[str(e.action)] += 1
                 case E.SlurmBreakerOpen():
                     self.breaker += 1
-                case _ if e.kind == "operator_action":
-                    action, result = getattr(e, "action", ""), getattr(e, "result", "")
-                    self.actions[(str(action), str(result))] += 1
+                case E.OperatorAction():
+                    self.actions[(str(e.action), str(e.result))] += 1
                 case _:
                     pass
         for evs in self.states.values():
