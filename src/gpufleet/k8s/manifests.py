@@ -527,7 +527,8 @@ def write_manifests(job: K8sJob, out_dir: str | Path) -> list[Path]:
             paths.append(p)
     (out / "apply-order.txt").write_text("\n".join(p.name for p in paths) + "\n")
     (out / "kubectl.txt").write_text(
-        "# what `gpufleet run --backend k8s` applies (worker-job.json is created by the supervisor):\n"
-        + "".join(f"kubectl apply -f {shlex.quote(str(p))}\n" for p in paths if p.name != "worker-job.json")
+        "# what `gpufleet run --backend k8s` creates, from this directory (the supervisor creates each\n"
+        "# attempt's worker Job itself; worker-job.json is attempt 0's, for review):\n"
+        + "".join(f"kubectl apply -f {shlex.quote(p.name)}\n" for p in paths if p.name != "worker-job.json")
     )
     return paths
