@@ -52,6 +52,7 @@ __all__ = [
     "RestoreSource",
     "IntervalMode",
     "HeartbeatPhase",
+    "TimingSection",
     "NodeStateName",
     "Component",
     "Actor",
@@ -78,6 +79,7 @@ __all__ = [
     "GiveUp",
     "NodeLost",
     "SlotDropped",
+    "Straggler",
     # checkpoints
     "CkptStaged",
     "CkptCommitted",
@@ -116,6 +118,7 @@ __all__ = [
     "GIVE_UP",
     "NODE_LOST",
     "SLOT_DROPPED",
+    "STRAGGLER",
     "CKPT_STAGED",
     "CKPT_COMMITTED",
     "CKPT_UPLOADED",
@@ -186,6 +189,13 @@ class HeartbeatPhase(enum.StrEnum):
 
     SYNC = "sync"  # waiting on peers in the per-step all-reduce
     FINISH = "finish"  # the final checkpoint
+
+
+class TimingSection(enum.StrEnum):
+    """A per-rank timing the straggler detector compares across ranks (``straggler.section``)."""
+
+    FWD = "fwd"  # step start to the end of the model's forward: data loading and forward, no DDP collective
+    WORK = "work"  # step start to the per-step control all-reduce, less the checkpoint stall
 
 
 class NodeStateName(enum.StrEnum):
@@ -305,6 +315,8 @@ class Heartbeat(Event):
     step: int  # the step the rank is at
     phase: HeartbeatPhase | None = None  # a step-less phase; None while stepping
     total: int | None = None  # the run's total steps (sent with step heartbeats)
+    work: float | None = None  # ``sync`` heartbeats: this step's TimingSection.WORK seconds
+    fwd: float | None = None  # ``sync`` heartbeats: this step's TimingSection.FWD seconds (if a forward ran)
 
 
 # ---------------------------------------------------------------------------------- progress
@@ -455,6 +467,20 @@ class SlotDropped(Event):
     failures: int  # consecutive failures blamed on it
     nproc: int  # worker slots left: the next attempt's ranks per node
     reason: str  # human-readable
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Straggler(Event):
+    """A rank ran a section of its steps slower than its peers, window after window (supervisor)."""
+
+    kind: ClassVar[str] = "straggler"
+    step: int  # the step at which it was flagged
+    section: TimingSection  # which per-rank timing
+    seconds: float  # the rank's median of that section over the window
+    peers_s: float  # the median of the other ranks' medians
+    ratio: float  # seconds / peers_s
+    windows: int  # consecutive windows it was slow in
+    node: str | None = None  # the node the rank ran on (multi-node backends)
 
 
 # ---------------------------------------------------------------------------------- checkpoints
@@ -681,6 +707,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         GiveUp,
         NodeLost,
         SlotDropped,
+        Straggler,
         CkptStaged,
         CkptCommitted,
         CkptUploaded,
@@ -720,6 +747,7 @@ SKIP = Skip.kind
 GIVE_UP = GiveUp.kind
 NODE_LOST = NodeLost.kind
 SLOT_DROPPED = SlotDropped.kind
+STRAGGLER = Straggler.kind
 CKPT_STAGED = CkptStaged.kind
 CKPT_COMMITTED = CkptCommitted.kind
 CKPT_UPLOADED = CkptUploaded.kind

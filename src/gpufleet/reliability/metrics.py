@@ -208,6 +208,23 @@ _INTERVAL_KEYS = (
 )
 
 
+def stragglers(events: Events | Walk) -> list[dict[str, Any]]:
+    """Ranks the supervisor flagged as slower than their peers (``straggler`` events), oldest first."""
+    return [
+        {
+            "attempt": e.attempt,
+            "rank": e.rank,
+            "node": e.node,
+            "step": e.step,
+            "section": str(e.section),
+            "seconds": e.seconds,
+            "peers_s": e.peers_s,
+            "ratio": e.ratio,
+        }
+        for e in _walk(events).events(E.Straggler)
+    ]
+
+
 def interval_decisions(events: Events | Walk) -> list[dict[str, Any]]:
     """Every ``interval`` event (t, step, and the decision's fields that are set)."""
     out = []
@@ -306,6 +323,7 @@ def summarize(events: Events, run_dir: str | None = None) -> dict[str, Any]:
         "skipped_windows": len(w.skipped_windows),
         "skipped_steps": sum(b - a for a, b in w.skipped_windows),
         "spikes": spike_stats(w),
+        "stragglers": stragglers(w),
         "restores": len(w.restores),
         "worker_init_s": _dist(ready),
         "checkpoints": checkpoint_stats(w),

@@ -109,6 +109,14 @@ def render(summary: dict[str, Any], console: Console | None = None) -> None:
     sp = s.get("spikes")
     if sp is not None:
         head.add_row("loss spikes", _spikes(sp))
+    for g in s.get("stragglers", []):
+        where = f" on {g['node']}" if g["node"] else ""
+        head.add_row(
+            "straggler",
+            f"[yellow]rank {g['rank']}{where}[/]: {g['section']} {fmt_s(g['seconds'])} per step vs "
+            f"{fmt_s(g['peers_s'])} for its peers ({g['ratio']:.1f}x), "
+            f"attempt {g['attempt']}, step {g['step']}",
+        )
     con.print(head)
 
     if m["count"]:

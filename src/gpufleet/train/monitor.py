@@ -13,6 +13,7 @@ from typing import Any
 from gpufleet.backends.base import Attempt
 from gpufleet.core import events as E
 from gpufleet.core.ledger import Ledger
+from gpufleet.train.straggler import StragglerConfig, StragglerDetector
 
 __all__ = ["AttemptMonitor"]
 
@@ -43,7 +44,9 @@ class AttemptMonitor:
     config_error: str | None = None  # a worker's gpufleet.init() rejected its settings: the message
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=200))
     started: float = field(default_factory=time.monotonic)
+    stragglers: StragglerConfig | None = field(default_factory=StragglerConfig)  # None: do not look
     _unknown: set[str] = field(default_factory=set)  # kinds of worker events that could not be typed
+    _detector: StragglerDetector | None = None
     _tail: float | None = None  # the slow tail of step_times, kept until the next step event
 
     def pump(self, timeout: float) -> None:
@@ -69,6 +72,8 @@ class AttemptMonitor:
             self.hb_step[rank] = event.step
             if event.total is not None:
                 self.total = event.total
+            if event.work is not None:
+                self._timings(rank, event)
             return
         if isinstance(event, E.UnknownEvent):
             self._ignore(event.ev, event.problem)
@@ -96,6 +101,23 @@ class AttemptMonitor:
                 self.ledger.emit(dataclasses.replace(event, rank=rank, attempt=self.attempt))
             except E.EventSchemaError as e:  # read leniently, but the ledger only takes valid events
                 self._ignore(event.kind, str(e))
+
+    def _timings(self, rank: int, hb: E.Heartbeat) -> None:
+        if self.stragglers is None:
+            return
+        if self._detector is None:
+            self._detector = StragglerDetector(sorted(self.expected_ranks), self.stragglers)
+        nodes = {r: w.node for w in self.run.workers for r in w.ranks}
+        for found in self._detector.observe(rank, hb.step, hb.work, hb.fwd):
+            assert found.rank is not None
+            event = dataclasses.replace(found, attempt=self.attempt, node=nodes.get(found.rank))
+            self.ledger.emit(event)
+            where = f" on {event.node}" if event.node else ""
+            print(
+                f"gpufleet: rank {event.rank}{where} is a straggler: {event.section} {event.seconds:.3g} s "
+                f"per step against {event.peers_s:.3g} s for its peers ({event.ratio:.2f}x)",
+                file=sys.stderr,
+            )
 
     def _ignore(self, kind: str, why: str) -> None:
         """A worker event that cannot be typed: say so once per kind, and never let it stop the run."""

@@ -100,6 +100,10 @@ class Run:
         self._last_saved_step = -1
         self._progressed = False  # did the current step change the state (for `break`)?
         self._ckpt_obs: dict[str, float] = {}  # latest stall/persist seconds, fed to the interval policy
+        # This step's per-rank timings, for the supervisor's straggler detector (sent at the control
+        # all-reduce): when the step started, and the first forward's end, less checkpoint stall.
+        self._step_t0 = time.monotonic()
+        self._fwd_s: float | None = None
         signal.signal(signal.SIGUSR1, self._on_stop_signal)
         spawn_t = read_env(Env.SPAWN_T, float, t_init)
         self.sink.emit(E.WorkerReady(attempt=settings.attempt, init_s=round(time.time() - spawn_t, 4)))
@@ -171,6 +175,8 @@ class Run:
                 _exit_config_error(str(e))
             raise
         engine = self._ensure_engine()
+        if self.supervised and self.world_size > 1 and self._mapper.model is not None:
+            self._mapper.model.register_forward_hook(self._after_forward)
         for opt in self._mapper.optimizers:
             opt.register_step_pre_hook(self._before_optimizer_step)
             opt.register_step_post_hook(self._after_optimizer_step)
@@ -222,6 +228,12 @@ class Run:
     def _after_optimizer_step(self, *args: Any, **kwargs: Any) -> None:
         self._progressed = True
 
+    def _after_forward(self, *args: Any) -> None:
+        # The first forward of the step (gradient accumulation runs several): data loading and forward
+        # happen before DDP's gradient all-reduce, so a slow rank shows here even under DDP.
+        if self._fwd_s is None:
+            self._fwd_s = time.monotonic() - self._step_t0 - self._stall
+
     def _save(self, step: int, *, force: bool = False) -> None:
         assert self._mapper is not None
         engine = self._ensure_engine()
@@ -262,7 +274,15 @@ class Run:
         )
         if self.world_size > 1:
             if self.supervised:  # "waiting on peers": lets the hang detector blame the rank that never came
-                self.sink.emit(E.Heartbeat(step=self.step, phase=E.HeartbeatPhase.SYNC))
+                work = time.monotonic() - self._step_t0 - self._stall
+                self.sink.emit(
+                    E.Heartbeat(
+                        step=self.step,
+                        phase=E.HeartbeatPhase.SYNC,
+                        work=round(work, 6),
+                        fwd=None if self._fwd_s is None else round(self._fwd_s, 6),
+                    )
+                )
             dist.all_reduce(vec)
         self._ctrl_done = True
         total, n_nonfinite, stop, save = vec.tolist()
@@ -308,6 +328,7 @@ class Run:
             self.step = step
             self.epoch = step // steps_per_epoch if steps_per_epoch else 0
             t0 = time.monotonic()  # a step's dt includes the checkpoint stall taken at its start
+            self._step_t0, self._fwd_s = t0, None
             if self._save_due and step > self._last_saved_step:
                 self._save(step)
             self._save_due = False
