@@ -78,8 +78,8 @@ def run_policy(policy: str, sched: list[float], args: argparse.Namespace, root: 
         **os.environ,
         "BENCH_OUT": str(work / "out"),
         "BENCH_KILL_SCHEDULE": ",".join(str(x) for x in sched),
-        "OMP_NUM_THREADS": "1",
     }
+    env.pop("OMP_NUM_THREADS", None)  # no thread pinning: gpufleet's own defaults decide
     with open(work / "log.txt", "wb") as log:
         try:
             subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout)

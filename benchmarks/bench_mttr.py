@@ -51,7 +51,9 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def _command(launcher: str, work: Path, args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     common = ["--steps", str(args.steps), "--width", str(args.width), "--kill-step", str(args.kill_step)]
-    env = {**os.environ, "BENCH_OUT": str(work / "out"), "OMP_NUM_THREADS": "1"}
+    # No thread pinning: each launcher's own defaults decide, as for a user's script.
+    env = {**os.environ, "BENCH_OUT": str(work / "out")}
+    env.pop("OMP_NUM_THREADS", None)
     if launcher.startswith("gpufleet"):
         cmd = [
             str(BIN / "gpufleet"), "run", "-n", "2",

@@ -221,7 +221,6 @@ def main() -> int:
         print("bench_s3: --size-mib and --repeats must be >= 1", file=sys.stderr)
         return 2
     warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
-    torch.set_num_threads(1)
 
     sd = make_state(args.size_mib * MiB / 1e9, hidden=1024)
     size = state_bytes(sd)

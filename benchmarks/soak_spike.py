@@ -103,6 +103,8 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
         "--",
         sys.executable,
         str(SCRIPT),
+        "--checkpoint-every",
+        args.checkpoint_every,
         *args.train_args,
     ]
     rng = random.Random(args.seed)
@@ -263,6 +265,9 @@ def main() -> None:
         default=None,
         help="gpufleet run's restart budget (default: gpufleet run's own, 10 within 1000 steps)",
     )
+    # Shorter than --kill-every: with both at 2 minutes every kill landed just before the next save
+    # was due, and the no-progress breaker rightly ended a run that was losing all its work.
+    ap.add_argument("--checkpoint-every", default="30s", help="the training script's checkpoint interval")
     ap.add_argument("--out", default=str(HERE / "results" / "soak_spike.json"))
     ap.add_argument("--summarize", metavar="RUN_DIR", help="only summarise a finished soak's run directory")
     ap.add_argument("train_args", nargs="*", help="arguments for gru_lm.py (after --)")
