@@ -124,21 +124,20 @@ not_found = {
     "code": 404,
 }
 
-SCENARIOS = {
-    # a healthy node fails a check: read it, count the cluster (breaker), one strategic-merge patch
-    "cordon_healthy": [
+
+def cordon_gpu2(status, body):
+    """Read gpu-2, count the cluster (the breaker), then the one strategic-merge patch."""
+    patch = {"method": "PATCH", "path": "/api/v1/nodes/gpu-2", "content_type": SMP, "body": CORDON}
+    return [
         {"request": GET("gpu-2"), "response": {"status": 200, "body": node("gpu-2")}},
         {"request": LIST, "response": {"status": 200, "body": node_list(CLUSTER)}},
-        {
-            "request": {
-                "method": "PATCH",
-                "path": "/api/v1/nodes/gpu-2",
-                "content_type": SMP,
-                "body": CORDON,
-            },
-            "response": {"status": 200, "body": cordoned},
-        },
-    ],
+        {"request": patch, "response": {"status": status, "body": body}},
+    ]
+
+
+SCENARIOS = {
+    # a healthy node fails a check: read it, count the cluster (breaker), one strategic-merge patch
+    "cordon_healthy": cordon_gpu2(200, cordoned),
     # gpufleet's cordon already there: nothing to do, no second patch
     "cordon_again": [{"request": GET("gpu-2"), "response": {"status": 200, "body": cordoned}}],
     # an administrator cordoned it: left alone (no taint, no annotation)
@@ -149,19 +148,7 @@ SCENARIOS = {
         {"request": LIST, "response": {"status": 200, "body": node_list(CLUSTER)}},
     ],
     # RBAC refuses the patch: recorded as failed, not as done
-    "cordon_forbidden": [
-        {"request": GET("gpu-2"), "response": {"status": 200, "body": node("gpu-2")}},
-        {"request": LIST, "response": {"status": 200, "body": node_list(CLUSTER)}},
-        {
-            "request": {
-                "method": "PATCH",
-                "path": "/api/v1/nodes/gpu-2",
-                "content_type": SMP,
-                "body": CORDON,
-            },
-            "response": {"status": 403, "body": forbidden},
-        },
-    ],
+    "cordon_forbidden": cordon_gpu2(403, forbidden),
     # release undoes only gpufleet's own cordon
     "release_owned": [
         {"request": GET("gpu-2"), "response": {"status": 200, "body": cordoned}},
