@@ -120,6 +120,8 @@ def plot_goodput_vs_size(summary: dict[str, Any], path: Path) -> Path:
 
     sw = summary["sweep"]
     fig, ax = plt.subplots(figsize=(8, 5))
+    methods = list(dict.fromkeys(n.split("+", 1)[0] for n in sw["ettr"]))
+    colours = plt.get_cmap("tab10")
     for name, ys in sw["ettr"].items():
         ax.plot(
             sw["gpus"],
@@ -127,6 +129,7 @@ def plot_goodput_vs_size(summary: dict[str, Any], path: Path) -> Path:
             marker="o",
             ms=3,
             label=name,
+            color=colours(methods.index(name.split("+", 1)[0])),
             linestyle="--" if "+spares" in name else "-",
         )
     ax.set_xscale("log")

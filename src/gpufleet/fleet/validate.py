@@ -122,7 +122,7 @@ def hpca_point(
     st = Strategy(name="hpca", stall_s=w_s, load_s=0.0, interval_s=dt)
     res = simulate(_single(lam, horizon_s=h, restart_s=u0, st=st, gpus=gpus), reps, seed)
     in_regime = lam * u0 <= 0.1
-    return _row(
+    row = _row(
         f"HPCA'25 ETTR, {gpus} GPUs r_f={rf * 1000:.2f}/1000nd u0={u0_min:.0f}m w={w_s:.0f}s",
         est,
         float(res.ettr.mean()),
@@ -131,6 +131,10 @@ def hpca_point(
         lam_u0=lam * u0,
         in_regime=in_regime,
     )
+    if not in_regime:  # outside its regime the first-order estimator is pessimistic (docs/fleet-sim.md)
+        row["ok"] = row["simulated"] > row["reference"]
+        row["note"] = "outside the estimator's regime (N*r_f*u0 > 0.1): checked only that ETTR_sim > estimate"
+    return row
 
 
 def hpca_grid(**kw: Any) -> list[dict[str, Any]]:
