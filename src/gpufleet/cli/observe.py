@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -117,10 +118,15 @@ def metrics_serve(
 
     where = parse_listen(listen, "--listen")
     req = SourceRequest.from_flags(dirs, fleet_dir, no_fleet, serve_dir)
+    sources = req.sources()
+    t0 = time.perf_counter()
+    sources.refresh()  # parse every ledger once now, so that the first scrape is as quick as the rest
+    n = len(sources.all)
+    print(f"gpufleet: read {n} source(s) in {time.perf_counter() - t0:.2f} s", file=sys.stderr, flush=True)
     stop = threading.Event()
     old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        with serve(req.sources(), where) as exp:
+        with serve(sources, where) as exp:
             _announce(exp.url, exp.listen.loopback)
             stop.wait()
     finally:
