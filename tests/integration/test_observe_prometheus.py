@@ -337,3 +337,36 @@ def test_promtool_checks_the_expositions(stack: Stack) -> None:
     summary = json.loads((stack.bench_dir / "summary.json").read_text())
     att = stack.value('gpufleet_serve_slo_attainment_ratio{job="gpufleet",bench="bench"}')
     assert att == pytest.approx(summary["slo"]["attainment"])
+
+
+def test_push_to_a_real_pushgateway(tmp_path: Path) -> None:
+    """``gpufleet metrics push`` (short jobs) into a Pushgateway started here, read back from it."""
+    gateway = _need("prometheus-pushgateway")
+    from gpufleet.reliability.synth import LedgerBuilder
+
+    LedgerBuilder().start().steps(7).end("completed").write(tmp_path / "job1")
+    port = free_port()
+    proc = subprocess.Popen(
+        [gateway, f"--web.listen-address=127.0.0.1:{port}", f"--persistence.file={tmp_path / 'pgw.data'}",
+         "--log.level=warn"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        _wait(lambda: _get(f"http://127.0.0.1:{port}/-/ready"), 30, "pushgateway ready")
+        p = subprocess.run(
+            [*GPUFLEET, "metrics", "push", str(tmp_path / "job1"), "--no-fleet", "--gateway",
+             f"http://127.0.0.1:{port}", "--job", "prolog", "--instance", "n7"],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert p.returncode == 0, p.stderr
+        body = _get(f"http://127.0.0.1:{port}/metrics").decode()
+        line = next(ln for ln in body.splitlines() if ln.startswith("gpufleet_train_steps_total{"))
+        assert 'job="prolog"' in line and 'instance="n7"' in line and line.endswith(" 7")
+        p = subprocess.run([*GPUFLEET, "metrics", "push", str(tmp_path / "job1"), "--no-fleet", "--gateway",
+                            "http://127.0.0.1:1"], capture_output=True, text=True)  # fmt: skip
+        assert (
+            p.returncode == 1
+            and "push to http://127.0.0.1:1 failed" in p.stderr
+            and "Traceback" not in p.stderr
+        )
+    finally:
+        _stop(proc)

@@ -227,3 +227,19 @@ def test_cli_show_and_textfile(tmp_path: Path) -> None:
     ):
         p = subprocess.run([*GPUFLEET, *args], capture_output=True, text=True)
         assert p.returncode == 2 and msg in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
+
+
+def test_run_metrics_flag_errors_before_anything_starts(tmp_path: Path) -> None:
+    import socket
+
+    cmd = [*GPUFLEET, "run", "--run-dir", str(tmp_path / "r"), "--no-progress"]
+    job = ["--", sys.executable, "-c", "pass"]
+    p = subprocess.run([*cmd, "--metrics", "host:port", *job], capture_output=True, text=True)
+    assert p.returncode == 2 and "--metrics 'host:port'" in p.stderr and "Traceback" not in p.stderr
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        p = subprocess.run([*cmd, "--metrics", str(port), *job], capture_output=True, text=True)
+    assert p.returncode == 2 and "cannot listen on 127.0.0.1" in p.stderr, p.stderr
+    assert not (tmp_path / "r" / LEDGER_NAME).exists()  # nothing started
