@@ -125,21 +125,23 @@ def _variable(name: str, metric: str, label: str) -> Any:
 
 def _panel(p: PanelSpec) -> Any:
     from grafana_foundation_sdk.builders import bargauge, prometheus, stat, table, timeseries
-    from grafana_foundation_sdk.builders.common import StackingConfig
-    from grafana_foundation_sdk.models.common import StackingMode
+    from grafana_foundation_sdk.builders.common import ReduceDataOptions, StackingConfig, VizLegendOptions
+    from grafana_foundation_sdk.models.common import LegendDisplayMode, LegendPlacement, StackingMode
     from grafana_foundation_sdk.models.dashboard import DataSourceRef
 
     builder: Any
+    newest = ReduceDataOptions().calcs(["lastNotNull"]).values(False)
     if p.viz in ("timeseries", "bars"):
-        builder = timeseries.Panel()
+        legend = VizLegendOptions().show_legend(True).display_mode(LegendDisplayMode.LIST)
+        builder = timeseries.Panel().legend(legend.placement(LegendPlacement.BOTTOM).calcs([]))
         if p.stacked:
             builder = builder.stacking(StackingConfig().mode(StackingMode.NORMAL))
     elif p.viz == "stat":
-        builder = stat.Panel()
+        builder = stat.Panel().reduce_options(newest)
     elif p.viz == "table":
-        builder = table.Panel()
+        builder = table.Panel().show_header(True)
     else:
-        builder = bargauge.Panel()
+        builder = bargauge.Panel().reduce_options(newest)
     builder = builder.title(p.title).unit(p.unit).span(8).height(8)
     builder = builder.datasource(DataSourceRef(type_val="prometheus", uid="${datasource}"))
     if p.description:
