@@ -44,7 +44,7 @@ def render(summary: dict[str, Any], console: Any = None) -> None:
             "the run's phase times are assumed to hold at this size"
         )
     it = s["interruptions"]
-    t = Table(title="Interruptions by cause (strategy without lemon exclusion)", title_justify="left")
+    t = Table(title="Interruptions by cause (first strategy's replicates)", title_justify="left")
     t.add_column("cause")
     t.add_column("mean", justify="right")
     t.add_column("95% CI", justify="right")
@@ -75,6 +75,13 @@ def render(summary: dict[str, Any], console: Any = None) -> None:
         extra.append(f"lemon failures {it['lemon']:.1f}")
     if it["early_life"]:
         extra.append(f"early-life failures {it['early_life']:.1f}")
+    b = s.get("basis")
+    if b and b["gpus"] == s["gpus"] and b["days"] == s["days"]:
+        con.print(
+            f"published for this job ({b['gpus']:,} GPUs, {b['days']:g} days): {b['unexpected']} unexpected"
+            + (f", {b['planned']} planned" if b["planned"] is not None else "")
+            + " interruptions"
+        )
     con.print(
         f"MTBF (wall, unexpected) [bold]{it['mtbf_h']:.2f} h[/bold]"
         + ("; " + ", ".join(extra) if extra else "")

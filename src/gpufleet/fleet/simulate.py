@@ -95,6 +95,19 @@ def _strategy_dict(res: Any) -> dict[str, Any]:
     }
 
 
+def _basis(prof: Any) -> dict[str, Any] | None:
+    """The job a profile's counts were observed on, with its published interruption counts."""
+    b = prof.basis
+    if not (b.gpus and b.days) or any(c.count is None for c in prof.cause):
+        return None
+    return {
+        "gpus": b.gpus,
+        "days": b.days,
+        "unexpected": sum(c.count or 0 for c in prof.cause),
+        "planned": b.planned,
+    }
+
+
 def run(req: FleetRequest, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Simulate every strategy at the requested size (and the sweep); the summary object."""
     from gpufleet.fleet.calibrate import apply, from_run
@@ -153,6 +166,7 @@ def run(req: FleetRequest, progress: Callable[[str], None] | None = None) -> dic
         "seed": req.seed,
         "calibration": cal.to_dict() if cal else None,
         "recovery_s": prof.recovery.model_dump(),
+        "basis": _basis(prof),
         "interruptions": {
             "unexpected": ci95(n_fail),
             "planned": ci95(first.planned),

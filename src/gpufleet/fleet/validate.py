@@ -109,7 +109,7 @@ def daly_grid(**kw: Any) -> list[dict[str, Any]]:
 
 
 def hpca_point(
-    gpus: int, rf: float, u0_min: float, w_s: float, *, reps: int = 200, seed: int = 5
+    gpus: int, rf: float, u0_min: float, w_s: float, *, reps: int = 200, failures: int = 300, seed: int = 5
 ) -> dict[str, Any]:
     """Simulated ETTR against Kokolis et al.'s estimator at its optimal Δt."""
     nodes = gpus / 8
@@ -118,7 +118,7 @@ def hpca_point(
     dt = hpca_dt_opt(nodes, r, w_s)
     est = hpca_ettr(nodes, r, u0, dt, w_s)
     lam = nodes * r
-    h = max(300.0 / lam, 30 * 86400.0)
+    h = max(failures / lam, 30 * 86400.0)
     st = Strategy(name="hpca", stall_s=w_s, load_s=0.0, interval_s=dt)
     res = simulate(_single(lam, horizon_s=h, restart_s=u0, st=st, gpus=gpus), reps, seed)
     in_regime = lam * u0 <= 0.1

@@ -34,13 +34,13 @@ def test_closed_forms_match_the_papers_numbers():
 
 
 def test_simulated_optimum_interval_and_waste_match_daly_within_2_percent():
-    rows = V.daly_grid(reps=150)
+    rows = V.daly_grid(reps=150, failures=150)
     assert len(rows) == 2 * len(V.DALY_GRID)
     assert not _fail(rows), _fail(rows)
 
 
 def test_simulated_ettr_matches_the_hpca25_estimator_within_2_percent_in_its_regime():
-    rows = V.hpca_grid(reps=100)
+    rows = V.hpca_grid(reps=100, failures=100)
     inside = [r for r in rows if r["in_regime"]]
     assert len(inside) >= 60
     assert not _fail(inside), _fail(inside)
