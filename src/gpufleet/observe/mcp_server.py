@@ -24,6 +24,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,13 +78,20 @@ class _Catalog:
     def __init__(self, cfg: McpConfig) -> None:
         self.cfg = cfg
         self.sources = Sources(cfg.dirs, serve_dirs=cfg.serve_dirs)
+        self.lock = threading.Lock()  # tools may run in worker threads; sources read one at a time
+
+    def run_sources(self) -> list[RunSource]:
+        self.sources.discover()
+        return sorted((s for s in self.sources.all if isinstance(s, RunSource)), key=lambda s: s.name)
 
     def runs(self) -> dict[str, Path]:
-        self.sources.discover()
+        with self.lock:
+            self.sources.discover()
         return {s.name: s.dir for s in self.sources.all if isinstance(s, RunSource)}
 
     def benches(self) -> dict[str, Path]:
-        self.sources.discover()
+        with self.lock:
+            self.sources.discover()
         return {s.name: s.dir for s in self.sources.all if isinstance(s, ServeSource)}
 
     def run(self, name: str) -> Path:
@@ -107,24 +115,22 @@ def _err(message: str) -> Exception:
 
 
 # ---------------------------------------------------------------------------------- read-only
-def run_overview(name: str, run_dir: Path) -> dict[str, Any]:
-    """One row of list_runs: status, restarts, goodput, newest step (gpufleet report's numbers)."""
-    from gpufleet.reliability.metrics import summarize
-
-    events = read_events(run_dir)
-    if not events:
-        return {"run": name, "status": "empty"}
-    s = summarize(events)
-    last = s["sessions"][-1] if s["sessions"] else {}
+def run_overview(src: RunSource) -> dict[str, Any]:
+    """One row of list_runs, from the exporter's incremental reading of the run (report's numbers)."""
+    src.refresh()
+    if not src.tail.events:
+        return {"run": src.name, "status": "empty"}
+    scalars = src.derived.get("scalars", {})
+    labelled = src.derived.get("labelled", {})
     return {
-        "run": name,
-        "status": last.get("status") or "running",
-        "sessions": len(s["sessions"]),
-        "restarts": s["restarts"],
-        "failures": s["failures"]["count"],
-        "goodput": s["goodput"],
-        "last_step": s["steps"]["last_step"],
-        "last_event_t": max(float(e.get("t", 0.0)) for e in events),
+        "run": src.name,
+        "status": src.status or "running",
+        "sessions": src.sessions,
+        "restarts": int(sum(labelled.get("gpufleet_train_restarts_total", {}).values())),
+        "failures": int(sum(labelled.get("gpufleet_train_failures_total", {}).values())),
+        "goodput": scalars.get("gpufleet_train_goodput_ratio"),
+        "last_step": scalars.get("gpufleet_train_last_step"),
+        "last_event_t": src.last_t,
     }
 
 
@@ -394,7 +400,8 @@ def build_server(cfg: McpConfig) -> "MCPServer":
     @mcp.tool(annotations=ro)
     def list_runs() -> dict[str, Any]:
         """Every run this server knows: status, sessions, restarts, failures, goodput, newest step."""
-        return {"runs": [run_overview(n, d) for n, d in sorted(cat.runs().items())]}
+        with cat.lock:
+            return {"runs": [run_overview(src) for src in cat.run_sources()]}
 
     @mcp.tool(annotations=ro)
     def run_report(run: Name) -> dict[str, Any]:

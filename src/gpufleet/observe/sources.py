@@ -391,6 +391,11 @@ class RunSource(Source):
             self._observe(e)
         self._derived = derive(self.tail.events)
 
+    @property
+    def derived(self) -> dict[str, Any]:
+        """The walk-derived numbers of the last refresh (:func:`derive`)."""
+        return self._derived
+
     def _observe(self, e: E.Event) -> None:
         t = _num(e.t)
         if t is not None and (self.last_t is None or t > self.last_t):
