@@ -51,6 +51,9 @@ def analyze_cmd(
         Path, typer.Option("--out", "-o", help="Directory for analysis.json, channels.pt, analysis.png.")
     ] = Path("compress-analysis"),
     json_out: Annotated[bool, typer.Option("--json", help="Print the analysis as JSON.")] = False,
+    fp32: Annotated[
+        bool, typer.Option("--fp32", help="Float32 forward passes (default: bf16 autocast).")
+    ] = False,
 ) -> None:
     """Block Influence per layer, head (by KV group) and MLP-channel importance, domain vs general."""
     from rich.console import Console
@@ -60,7 +63,7 @@ def analyze_cmd(
     from gpufleet.compress.pipeline import analyze
 
     res = analyze(
-        AnalyzeConfig(model=model, domain=domain, general=general, tokens=tokens),
+        AnalyzeConfig(model=model, domain=domain, general=general, tokens=tokens, bf16=not fp32),
         out=out,
         progress=_progress(),
     )
@@ -98,6 +101,9 @@ def prune_cmd(
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the random baseline.")] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="Print the record as JSON.")] = False,
+    fp32: Annotated[
+        bool, typer.Option("--fp32", help="Float32 forward passes (default: bf16 autocast).")
+    ] = False,
 ) -> None:
     """Prune to --target of the parameters using domain importance; write a plain HF model."""
     from gpufleet.compress.config import Method, PruneConfig
@@ -119,6 +125,7 @@ def prune_cmd(
         vocab=vocab,
         heads_per_group=heads_per_group,
         seed=seed,
+        bf16=not fp32,
     )
     res = prune(cfg, progress=_progress())
     if _emit(res, json_out):
@@ -231,6 +238,9 @@ def eval_cmd(
         "compress-eval"
     ),
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    fp32: Annotated[
+        bool, typer.Option("--fp32", help="Float32 forward passes (default: bf16 autocast).")
+    ] = False,
 ) -> None:
     """Domain/general perplexity, selectivity, size (and llama.cpp speed) next to the dense model."""
     from rich.console import Console
@@ -241,7 +251,13 @@ def eval_cmd(
 
     res = evaluate(
         EvalConfig(
-            dense=dense, models=tuple(models), domain=domain, general=general, tokens=tokens, speed=speed
+            dense=dense,
+            models=tuple(models),
+            domain=domain,
+            general=general,
+            tokens=tokens,
+            speed=speed,
+            bf16=not fp32,
         ),
         out=out,
         progress=_progress(),

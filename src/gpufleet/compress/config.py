@@ -44,6 +44,9 @@ class AnalyzeConfig:
     seq_len: int = 256
     """Tokens per calibration sequence."""
 
+    bf16: bool = True
+    """Forward passes under bfloat16 autocast (1.6-2.8x faster on CPU); False: float32."""
+
     def __post_init__(self) -> None:
         _positive("--tokens", self.tokens)
         _positive("--seq-len", self.seq_len)
@@ -74,6 +77,9 @@ class PruneConfig:
     seed: int = 0
     """Seed of the random baseline."""
 
+    bf16: bool = True
+    """Forward passes under bfloat16 autocast (1.6-2.8x faster on CPU); False: float32."""
+
     def __post_init__(self) -> None:
         _target(self.target)
         _positive("--tokens", self.tokens)
@@ -96,6 +102,9 @@ class EvalConfig:
     """Reference tokens of held-out text per corpus."""
     speed: bool = False
     """Also measure llama.cpp prefill/decode tokens/s (Q8_0 GGUF, exported on the fly)."""
+
+    bf16: bool = True
+    """Forward passes under bfloat16 autocast (1.6-2.8x faster on CPU); False: float32."""
 
     def __post_init__(self) -> None:
         _positive("--tokens", self.tokens)

@@ -59,11 +59,19 @@ class _null:
 
 
 def perplexity(
-    model: Any, tokenizer: Any, text: str, *, ref_tokens: int | None = None, seq_len: int = 512
+    model: Any,
+    tokenizer: Any,
+    text: str,
+    *,
+    ref_tokens: int | None = None,
+    seq_len: int = 512,
+    bf16: bool = True,
 ) -> float:
     """exp(NLL / reference tokens) of ``text`` (see the module docstring)."""
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    total, count = nll(model, ids, seq_len=seq_len)
+    import torch
+
+    total, count = nll(model, ids, seq_len=seq_len, dtype=torch.bfloat16 if bf16 else None)
     if ref_tokens is not None and count:
         # the model predicted `count` of its own len(ids) tokens; scale the reference count alike
         count = ref_tokens * count / len(ids)

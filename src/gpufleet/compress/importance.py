@@ -57,9 +57,16 @@ def _hidden(x: Any) -> Any:
 
 
 def measure(
-    model: Any, batches: Any, *, corpus: str = "", wanda: bool = False, batch_size: int = 4
+    model: Any,
+    batches: Any,
+    *,
+    corpus: str = "",
+    wanda: bool = False,
+    batch_size: int = 4,
+    bf16: bool = True,
 ) -> Importance:
-    """Run ``batches`` ([n, seq] token ids) through ``model`` with hooks and collect importances."""
+    """Run ``batches`` ([n, seq] token ids) through ``model`` with hooks and collect importances
+    (forward under bf16 autocast unless ``bf16=False``; statistics accumulate in float64)."""
     import torch
 
     cfg = model.config
@@ -114,7 +121,8 @@ def measure(
                 if isinstance(mod, torch.nn.Linear):
                     handles.append(mod.register_forward_pre_hook(norm_hook(f"model.layers.{i}.{name}")))
     try:
-        with torch.no_grad():
+        ctx = torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
+        with torch.no_grad(), ctx:
             for b in range(0, batches.shape[0], batch_size):
                 x = batches[b : b + batch_size]
                 model(input_ids=x, use_cache=False)

@@ -135,7 +135,11 @@ def load(path: str | Path | None = None) -> Loaded:
     _check_arch(arch, p)
     from transformers import LlamaForCausalLM
 
-    model = LlamaForCausalLM.from_pretrained(str(p), dtype=torch.float32).eval()
+    try:
+        model = LlamaForCausalLM.from_pretrained(str(p), dtype=torch.float32).eval()
+    except (OSError, RuntimeError, ValueError) as e:  # missing/mismatched weights, bad config
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UsageError(f"{p}: cannot load the model: {first}") from None
     tok = AutoTokenizer.from_pretrained(str(p))
     check_tokenizer(tok, model.config, p)
     prov_file = p / PROVENANCE

@@ -42,7 +42,7 @@ def analyze(cfg: AnalyzeConfig, *, out: Path | None = None, progress: Progress =
     for role, spec in (("domain", cfg.domain), ("general", cfg.general)):
         progress(f"measuring importance on {role} text ({spec})")
         imps[role] = importance.measure(
-            loaded.model, calib(loaded, spec, cfg.tokens, cfg.seq_len), corpus=spec
+            loaded.model, calib(loaded, spec, cfg.tokens, cfg.seq_len), corpus=spec, bf16=cfg.bf16
         )
         res[role] = imps[role].summary()
     d, g = imps["domain"].layers, imps["general"].layers
@@ -86,7 +86,7 @@ def _width_for(budget: int, fixed: int, n_layers: int, cfg: Any, multiple: int =
 def _domain_loss(model: Any, ids: Any) -> float:
     import torch
 
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         out = model(input_ids=ids, labels=ids, use_cache=False)
     return float(out.loss)
 
@@ -104,7 +104,7 @@ def prune(cfg: PruneConfig, *, progress: Progress = _quiet) -> dict[str, Any]:
     need_wanda = cfg.method == Method.WANDA
     progress(f"measuring domain importance ({cfg.tokens} tokens of {cfg.domain})")
     ids = calib(loaded, cfg.domain, cfg.tokens, cfg.seq_len)
-    imp = importance.measure(model, ids, corpus=cfg.domain, wanda=need_wanda)
+    imp = importance.measure(model, ids, corpus=cfg.domain, wanda=need_wanda, bf16=cfg.bf16)
     record: dict[str, Any] = {
         "source": loaded.source if not loaded.provenance else loaded.provenance.get("source", loaded.source),
         "method": str(cfg.method),
@@ -118,6 +118,11 @@ def prune(cfg: PruneConfig, *, progress: Progress = _quiet) -> dict[str, Any]:
         progress(f"scanning {cfg.vocab_tokens} domain tokens for the vocabulary")
         used = sorted(set(corpus.tokens(tok, cfg.domain, "train", cfg.vocab_tokens)))
         tok, kept_ids = pr.trim_vocab(model, tok, used)
+        remap = torch.full((len(loaded.tokenizer) + 1,), -1, dtype=torch.long)
+        remap[torch.tensor(kept_ids)] = torch.arange(len(kept_ids))
+        ids = remap[ids]  # the calibration text in the new ids (all of it is in the scanned domain)
+        if bool((ids < 0).any()):
+            raise UsageError("calibration tokens outside the scanned domain vocabulary; raise vocab_tokens")
         record["vocab"] = {"dense": len(loaded.tokenizer), "kept": len(kept_ids), "used_in_domain": len(used)}
     L = model.config.num_hidden_layers
     if cfg.heads_per_group is not None:
@@ -221,7 +226,10 @@ def evaluate(cfg: EvalConfig, *, out: Path | None = None, progress: Progress = _
         for role in ("domain", "general"):
             progress(f"{name}: {role} perplexity")
             r[f"{role}_ppl"] = round(
-                ev.perplexity(loaded.model, loaded.tokenizer, texts[role], ref_tokens=ref[role]), 4
+                ev.perplexity(
+                    loaded.model, loaded.tokenizer, texts[role], ref_tokens=ref[role], bf16=cfg.bf16
+                ),
+                4,
             )
         if path is not None:
             r["hf_bytes"] = ev.file_size(path)
