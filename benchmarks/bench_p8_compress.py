@@ -200,10 +200,121 @@ def phase_speed(work: Path, rounds: int) -> None:
     _merge({"speed": speed})
 
 
+def phase_serve(work: Path, slo: str, workload: str, duration: int, max_rate: float) -> None:
+    """`gpufleet serve bench --find-max-rate` against llama.cpp's server, dense then compressed (Q8_0,
+    one server thread, same workload and SLO); the gain scales the planner profile."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from gpufleet.compress.serving import scaled_profile
+    from support.llama import LlamaServer
+
+    caps = {}
+    for name in ("dense", "best-healed"):
+        gguf = work / f"export-{name}" / "model-q8_0.gguf"
+        if not gguf.is_file():
+            raise SystemExit(f"{gguf} missing: run --phase speed first")
+        with LlamaServer(gguf, n_ctx=1024, n_threads=1, log_dir=work / "logs") as srv:
+            out = work / f"serve-{name}"
+            p = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "gpufleet.cli.main",
+                    "serve",
+                    "bench",
+                    "--url",
+                    srv.url,
+                    "--model",
+                    "smollm2",
+                    "--api",
+                    "completions",
+                    "--workload",
+                    workload,
+                    "--slo",
+                    slo,
+                    "--find-max-rate",
+                    "--duration",
+                    str(duration),
+                    "--max-rate",
+                    str(max_rate),
+                    "--tokenizer",
+                    str(work / "dense"),
+                    "--out",
+                    str(out),
+                    "--no-progress",
+                    "--no-plot",
+                ],
+                capture_output=True,
+                text=True,
+            )
+            if p.returncode not in (0, 1):
+                raise SystemExit(f"serve bench failed ({p.returncode}): {p.stderr[-3000:]}")
+            cap = json.loads((out / "capacity.json").read_text())
+            caps[name] = {
+                k: cap.get(k) for k in ("max_rate", "stable", "limited_by", "slo", "target_attainment")
+            }
+            caps[name]["points"] = [
+                {k: pt.get(k) for k in ("offered_rate", "achieved_rate", "attainment", "output_tokens_per_s")}
+                for pt in cap.get("points", [])
+            ]
+            print(f"serve {name}: max rate {cap.get('max_rate')} req/s ({cap.get('limited_by')})", flush=True)
+    serve: dict[str, Any] = {"workload": workload, "slo": slo, "duration_s": duration, "capacity": caps}
+    if caps["dense"]["max_rate"]:
+        serve["max_rate_gain"] = round(caps["best-healed"]["max_rate"] / caps["dense"]["max_rate"], 3)
+    cur = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    sp = cur.get("speed", {})
+    if "prefill_speedup" in sp:
+        from importlib import resources
+
+        dense_prof = json.loads(
+            (resources.files("gpufleet.serve.plan") / "data" / "profiles" / "llama3-8b-h100.json").read_text()
+        )
+        cfg_d = json.loads((work / "dense" / "config.json").read_text())
+        cfg_c = json.loads((work / "best-healed" / "config.json").read_text())
+
+        def kv(c: dict[str, Any]) -> int:
+            return c["num_hidden_layers"] * c["num_key_value_heads"] * c.get("head_dim", 64)
+
+        prof = scaled_profile(
+            dense_prof,
+            prefill_speedup=sp["prefill_speedup"],
+            decode_speedup=sp["decode_speedup"],
+            kv_ratio=kv(cfg_c) / kv(cfg_d),
+            note="P8: SmolLM2 speed-ups applied to an 8B profile",
+        )
+        (work / "profile-compressed.json").write_text(json.dumps(prof, indent=1))
+        plans = {}
+        for name, ref in (("dense", "llama3-8b-h100"), ("compressed", str(work / "profile-compressed.json"))):
+            p = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "gpufleet.cli.main",
+                    "serve",
+                    "plan",
+                    "--profile",
+                    ref,
+                    "--traffic",
+                    "rate=200;in=fixed:512;out=fixed:128",
+                    "--mode",
+                    "aggregated",
+                    "--out",
+                    str(work / f"plan-{name}"),
+                    "--json",
+                ],
+                capture_output=True,
+                text=True,
+            )
+            if p.returncode == 0:
+                pl = json.loads(p.stdout)
+                plans[name] = {"gpus": pl["gpus"], "goodput_per_gpu": pl["predicted"]["goodput_per_gpu"]}
+        serve["plan_200rps_512in_128out"] = plans
+    _merge({"serve": serve})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", type=Path, default=Path("runs/p8"))
-    ap.add_argument("--phase", default="all", choices=["prune", "heal", "eval", "speed", "all"])
+    ap.add_argument("--phase", default="all", choices=["prune", "heal", "eval", "speed", "serve", "all"])
     ap.add_argument("--target", type=float, default=0.75)
     ap.add_argument("--calib-tokens", type=int, default=8192)
     ap.add_argument("--heal-steps", type=int, default=100)
@@ -212,6 +323,10 @@ def main() -> None:
     ap.add_argument("--heal-lr", type=float, default=3e-4)
     ap.add_argument("--eval-tokens", type=int, default=8192)
     ap.add_argument("--speed-rounds", type=int, default=5)
+    ap.add_argument("--slo", default="ttft=2s,tpot=100ms")
+    ap.add_argument("--workload", default="in=fixed:128;out=fixed:32")
+    ap.add_argument("--serve-duration", type=int, default=20)
+    ap.add_argument("--serve-max-rate", type=float, default=8.0)
     a = ap.parse_args()
     a.work.mkdir(parents=True, exist_ok=True)
     if a.phase in ("prune", "all"):
@@ -222,6 +337,8 @@ def main() -> None:
         phase_eval(a.work, a.eval_tokens)
     if a.phase in ("speed", "all"):
         phase_speed(a.work, a.speed_rounds)
+    if a.phase in ("serve", "all"):
+        phase_serve(a.work, a.slo, a.workload, a.serve_duration, a.serve_max_rate)
     print(json.dumps(json.loads(RESULTS.read_text()), indent=1)[:4000])
 
 
