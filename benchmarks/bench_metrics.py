@@ -81,15 +81,19 @@ def trial(metrics: bool, args: argparse.Namespace, work: Path, k: int) -> dict[s
     la = load()
     scraper = Scraper(f"http://127.0.0.1:{port}/metrics", args.scrape_every) if metrics else None
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env={**os.environ, "BENCH_OUT": str(out)}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    errf = open(work / f"err-{k}-{int(metrics)}.log", "w+")  # noqa: SIM115
+    proc = subprocess.Popen(cmd, env={**os.environ, "BENCH_OUT": str(out)}, stdout=subprocess.DEVNULL, stderr=errf)
     if scraper is not None:
         scraper.start()
-    _, err = proc.communicate(timeout=900)
+    _, status, ru = os.wait4(proc.pid, 0)  # CPU of gpufleet run and the workers it waited for
+    proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - t0
     if scraper is not None:
         scraper.stop.set()
         scraper.join()
+    errf.seek(0)
+    err = errf.read()
+    errf.close()
     if proc.returncode != 0:
         raise SystemExit(f"trial failed ({proc.returncode}): {err[-2000:]}")
     dts = [float(e["dt"]) for e in read_events(run_dir) if e["ev"] == "step" and e["step"] >= args.warmup]
@@ -100,12 +104,43 @@ def trial(metrics: bool, args: argparse.Namespace, work: Path, k: int) -> dict[s
         "steps": len(dts),
         "median_step_s": statistics.median(dts),
         "mean_step_s": statistics.fmean(dts),
+        "cpu_s": ru.ru_utime + ru.ru_stime,  # the supervisor process and its workers
     }
     if scraper is not None:
+        row["scrape_cpu_ms"] = replay_scrape_cpu(run_dir) * 1e3
         row["scrapes"] = len(scraper.times)
         row["scrape_median_s"] = statistics.median(scraper.times) if scraper.times else None
         row["exposition_bytes"] = scraper.sizes[-1] if scraper.sizes else None
     return row
+
+
+def replay_scrape_cpu(run_dir: Path) -> float:
+    """Median CPU seconds of one live scrape of this run: its ledger replayed into a fresh exporter in
+    1-second slices (by event time), one scrape per slice, as ``--metrics`` saw it at 1 scrape/s."""
+    from gpufleet.core.ledger import LEDGER_NAME
+    from gpufleet.observe.exporter import exposition
+    from gpufleet.observe.sources import Sources
+
+    lines = (run_dir / LEDGER_NAME).read_bytes().splitlines(keepends=True)
+    with tempfile.TemporaryDirectory(prefix="replay_") as tmp:
+        d = Path(tmp) / run_dir.name
+        d.mkdir()
+        src = Sources(runs=[d])
+        costs: list[float] = []
+        slice_end = None
+        with open(d / LEDGER_NAME, "wb") as f:
+            for line in lines:
+                t = json.loads(line)["t"]
+                if slice_end is None:
+                    slice_end = t + 1.0
+                if t > slice_end:
+                    f.flush()
+                    c0 = time.process_time()
+                    exposition(src)
+                    costs.append(time.process_time() - c0)
+                    slice_end = t + 1.0
+                f.write(line)
+        return statistics.median(costs) if costs else 0.0
 
 
 def bench_step_time(args: argparse.Namespace) -> dict[str, Any]:
@@ -117,8 +152,9 @@ def bench_step_time(args: argparse.Namespace) -> dict[str, Any]:
                 r = trial(m, args, Path(tmp), k)
                 rows.append(r)
                 print(f"  repeat {k} metrics={'on ' if m else 'off'} median {r['median_step_s'] * 1e3:7.2f} ms "
-                      f"mean {r['mean_step_s'] * 1e3:7.2f} ms  load {r['load_before']:.2f}"
-                      + (f"  scrapes {r['scrapes']} ({(r['scrape_median_s'] or 0) * 1e3:.1f} ms)" if m else ""),
+                      f"mean {r['mean_step_s'] * 1e3:7.2f} ms  cpu {r['cpu_s']:6.1f} s  load {r['load_before']:.2f}"
+                      + (f"  scrapes {r['scrapes']} ({(r['scrape_median_s'] or 0) * 1e3:.1f} ms, "
+                         f"{r['scrape_cpu_ms']:.2f} ms CPU)" if m else ""),
                       flush=True)  # fmt: skip
     on = [r for r in rows if r["metrics"]]
     off = [r for r in rows if not r["metrics"]]
@@ -127,7 +163,15 @@ def bench_step_time(args: argparse.Namespace) -> dict[str, Any]:
     mean_on = statistics.median(r["mean_step_s"] for r in on)
     mean_off = statistics.median(r["mean_step_s"] for r in off)
     pairs = [a["median_step_s"] / b["median_step_s"] for a, b in zip(on, off, strict=True)]
+    cpu_on = statistics.median(r["cpu_s"] for r in on)
+    cpu_off = statistics.median(r["cpu_s"] for r in off)
+    scrape_cpu = statistics.median(r["scrape_cpu_ms"] for r in on)
+    wall_on = statistics.median(r["wall_s"] for r in on)
     return {
+        "cpu_s": {"on": cpu_on, "off": cpu_off, "ratio": cpu_on / cpu_off},
+        "scrape_cpu_ms_median": scrape_cpu,
+        # the exporter's CPU per second of training at this scrape rate, as a share of what the run used
+        "exporter_cpu_share": (scrape_cpu / 1e3 / args.scrape_every) / (cpu_on / wall_on),
         "trials": rows,
         "median_step_s": {"on": med_on, "off": med_off, "ratio": med_on / med_off},
         "mean_step_s": {"on": mean_on, "off": mean_off, "ratio": mean_on / mean_off},
@@ -239,7 +283,9 @@ def main() -> None:
               f"live_all {m['live_all']:.3f} s, live_10 {m['live_10']:.3f} s")  # fmt: skip
     if "step_time" in res:
         st = res["step_time"]
-        print(f"step time on/off: median {st['median_step_s']['ratio']:.4f}x, mean {st['mean_step_s']['ratio']:.4f}x")
+        print(f"step time on/off: median {st['median_step_s']['ratio']:.4f}x, mean {st['mean_step_s']['ratio']:.4f}x; "
+              f"CPU on/off {st['cpu_s']['ratio']:.4f}x; one scrape {st['scrape_cpu_ms_median']:.2f} ms CPU = "
+              f"{st['exporter_cpu_share']:.3%} of the run's CPU at 1 scrape per {args.scrape_every:g} s")
     print(f"-> {path}")
 
 

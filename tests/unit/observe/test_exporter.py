@@ -243,3 +243,24 @@ def test_run_metrics_flag_errors_before_anything_starts(tmp_path: Path) -> None:
         p = subprocess.run([*cmd, "--metrics", str(port), *job], capture_output=True, text=True)
     assert p.returncode == 2 and "cannot listen on 127.0.0.1" in p.stderr, p.stderr
     assert not (tmp_path / "r" / LEDGER_NAME).exists()  # nothing started
+
+
+def test_an_expensive_walk_is_rate_limited_but_single_event_counters_are_not(tmp_path: Path) -> None:
+    from gpufleet.observe.sources import RunSource
+
+    b = LedgerBuilder().start().steps(5)
+    b.write(tmp_path / "r")
+    src = RunSource(tmp_path / "r", "r")
+    src.refresh()
+    assert src.derived["scalars"]["gpufleet_train_steps_total"] == 5
+    src._derive_cost = 10.0  # pretend the walk took 10 s: the next one waits 200 s
+    more = LedgerBuilder(t0=b.t).start().steps(3).events
+    append = [json.dumps(e) + "\n" for e in more if e["ev"] == "step"]
+    with open(tmp_path / "r" / LEDGER_NAME, "a") as f:
+        f.writelines(append)
+    src.refresh()
+    assert src.step_hist.cumulative()[-1][1] == 8  # the histogram saw the new steps at once
+    assert src.derived["scalars"]["gpufleet_train_steps_total"] == 5  # the walk waits
+    src._derive_at -= 201.0
+    src.refresh()  # nothing new in the file, but the walk is due
+    assert src.derived["scalars"]["gpufleet_train_steps_total"] == 8
