@@ -26,6 +26,8 @@ class CheckpointConfig:
     keep_window_steps: int = 0
     io_threads: int = 4
     direct_io: bool = True  # O_DIRECT shard writes where the filesystem supports it
+    memory_bytes: int = 0  # in-memory tier budget (memtier.py); 0: off
+    memory_dir: str | None = None  # the tier's keeper directory (default: memtier.keeper_dir(dir))
 
     def __post_init__(self) -> None:
         if not isinstance(self.dir, str) or not self.dir.strip():
@@ -52,6 +54,9 @@ class CheckpointConfig:
             raise ConfigError(f"io_threads must be an integer in 1..64, got {self.io_threads!r}")
         if not isinstance(self.direct_io, bool):
             raise ConfigError(f"direct_io must be true or false, got {self.direct_io!r}")
+        mem = self.memory_bytes
+        if isinstance(mem, bool) or not isinstance(mem, int) or mem < 0:
+            raise ConfigError(f"memory_bytes must be an integer >= 0, got {self.memory_bytes!r}")
 
 
 @dataclass
@@ -60,7 +65,7 @@ class LoadResult:
 
     step: int
     path: str
-    source: str  # "local" | "s3"
+    source: str  # "memory" | "peer_memory" | "local" | "s3"
     meta: dict[str, Any]
     load_s: float
     state_dict: dict[str, Any] = field(repr=False)

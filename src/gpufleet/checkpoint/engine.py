@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import os
 import shutil
+import socket
 import threading
 import time
 import warnings
@@ -31,9 +32,11 @@ from gpufleet.checkpoint.manifest import (
     fsync_dir,
     list_committed,
     parse_step,
+    read_manifest,
     step_dirname,
     write_manifest,
 )
+from gpufleet.checkpoint.memtier import MemoryKeeper, keeper_dir
 from gpufleet.checkpoint.onepass import ScratchPool
 from gpufleet.checkpoint.reader import FastReader, MemReader
 from gpufleet.checkpoint.retention import select_deletions
@@ -101,6 +104,13 @@ class CheckpointEngine:
         self._job: _Job | None = None
         self._error: str | None = None
         self._newest_verified: int | None = None
+        # The in-memory tier (memtier.py): rank 0 copies each commit into this node's keeper.
+        self._memory: Path | None = None
+        self._keeper: MemoryKeeper | None = None
+        if config.memory_bytes > 0:
+            self._memory = Path(config.memory_dir) if config.memory_dir else keeper_dir(config.dir)
+            if rank == 0:
+                self._keeper = MemoryKeeper(self._memory, config.memory_bytes)
         if rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
             for p in self.root.glob("step_*.tmp"):
@@ -241,8 +251,43 @@ class CheckpointEngine:
         if job.fault == "corrupt":
             flip_byte(final, files)
         self._retain()
+        if self._keeper is not None:
+            self._keep_in_memory(job.step, final)
         if self.config.upload_url:
             self._upload(job.step, final)
+
+    def _keep_in_memory(self, step: int, final: Path) -> None:
+        """Copy a commit into the memory tier (verified while copied); never fails the save."""
+        assert self._keeper is not None
+        try:
+            r = self._keeper.keep(final, read_manifest(final))
+        except (OSError, ValueError) as e:
+            self._emit(
+                E.CkptMemory(
+                    step=step,
+                    kept=False,
+                    bytes=0,
+                    used_bytes=self._keeper.used_bytes(),
+                    budget_bytes=self._keeper.budget_bytes,
+                    node=socket.gethostname(),
+                    reason=f"copy failed: {failure_reason(e)}",
+                )
+            )
+            return
+        self._emit(
+            E.CkptMemory(
+                step=step,
+                kept=r.kept,
+                bytes=r.bytes,
+                used_bytes=r.used_bytes,
+                budget_bytes=r.budget_bytes,
+                evicted=tuple(r.evicted),
+                copy_s=r.copy_s,
+                node=socket.gethostname(),
+                peer=None,
+                reason=r.reason if not r.kept else "no peer replica: all ranks run on this node",
+            )
+        )
 
     def _commit(self, job: _Job, writer: SummingWriter, tmp: Path, final: Path) -> dict[str, FileEntry]:
         files = {name: FileEntry(size, digest) for name, (size, digest) in writer.file_sums.items()}
@@ -336,6 +381,7 @@ class CheckpointEngine:
             emit=self._emit,
             buffer_for=self._stager.buffer_for,
             pool=self._pool,
+            memory=self._memory,
         )
 
     def list(self) -> list[CheckpointInfo]:

@@ -1,4 +1,4 @@
-"""Choosing the checkpoint to restore: newest first, local then S3, verified, with fallback.
+"""Choosing the checkpoint to restore: newest first; memory, local disk, then S3; verified, with fallback.
 
 Two ways to verify a candidate:
 - one pass (single process): ``onepass.read_verified`` reads every file once, hashing as it reads,
@@ -59,6 +59,7 @@ class RestoreContext:
     emit: Callable[..., None]
     buffer_for: Callable[[str, torch.Tensor], torch.Tensor]
     pool: ScratchPool
+    memory: Path | None = None  # this node's in-memory tier (memtier.py), tried before local disk
 
 
 def receive_buffers(ctx: RestoreContext, state_dict: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -93,11 +94,14 @@ def choose(
             return m, reason, None
 
     local = {m.step: p for p, m in list_committed(ctx.root)}
+    memory = {m.step: p for p, m in list_committed(ctx.memory)} if ctx.memory is not None else {}
     remote_steps = remote.list_steps(cfg) if cfg.upload_url else {}
-    for step in sorted(set(local) | set(remote_steps), reverse=True):
+    for step in sorted(set(local) | set(remote_steps) | set(memory), reverse=True):
         if max_step is not None and step > max_step:
             continue
         candidates: list[tuple[str, Callable[[], Path]]] = []
+        if step in memory:  # the same manifest and checksums as on disk: verified the same way
+            candidates.append(("memory", lambda p=memory[step]: p))
         if step in local:
             candidates.append(("local", lambda p=local[step]: p))
         if step in remote_steps:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,8 @@ __all__ = [
     "SETTING_ENV",
     "SETTING_FLAG",
     "validation_message",
+    "parse_size",
+    "SIZE_FORMS",
 ]
 
 
@@ -70,6 +73,23 @@ class RollbackPlan(BaseModel):
         return cls.model_validate_json(raw)
 
 
+SIZE_FORMS = "use a size such as 512MiB, 2GiB, 1.5GB or a byte count (0: off)"
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_SIZE_UNITS |= {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(value: Any) -> int:
+    """Bytes of ``2GiB`` / ``1.5GB`` / ``512MiB`` / ``1048576``; ValueError (a one-line message) else."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    m = _SIZE_RE.match(value) if isinstance(value, str) else None
+    unit = _SIZE_UNITS.get(m.group(2).lower()) if m else None
+    if m is None or unit is None:
+        raise ValueError(f"invalid size; {SIZE_FORMS}")
+    return int(float(m.group(1)) * unit)
+
+
 # field -> environment variable, for the settings users set (flags, init() keywords, environment)
 SETTING_ENV: dict[str, Env] = {
     "run_dir": Env.RUN_DIR,
@@ -83,6 +103,7 @@ SETTING_ENV: dict[str, Env] = {
     "spike_threshold": Env.SPIKE_THRESHOLD,
     "spike_level": Env.SPIKE_LEVEL,
     "overlap_staging": Env.OVERLAP,
+    "memory_tier": Env.MEMORY_TIER,
 }
 # field -> the `gpufleet run` flag that sets it
 SETTING_FLAG: dict[str, str] = {
@@ -92,6 +113,7 @@ SETTING_FLAG: dict[str, str] = {
     "upload_url": "--upload",
     "s3_endpoint": "--s3-endpoint",
     "mtbf_s": "--mtbf",
+    "memory_tier": "--memory-tier",
 }
 # field -> variable, for what only the supervisor sets
 _PLUMBING_ENV: dict[str, Env] = {
@@ -119,6 +141,7 @@ class RunSettings(BaseModel):
     spike_threshold: float = Field(8.0, gt=0)
     spike_level: float = Field(0.1, ge=0)  # a spike exceeds the median by this x the run's loss scale
     overlap_staging: bool = True  # copy params/optimizer state during the next forward/backward
+    memory_tier: int = 0  # bytes of host memory for the in-memory checkpoint tier ("2GiB"); 0: off
     # Set by the supervisor only:
     control_fd: int | None = Field(None, ge=0)
     attempt: int = Field(0, ge=0)
@@ -135,6 +158,11 @@ class RunSettings(BaseModel):
             return parse_interval(v).spec
         except ConfigError:
             raise ValueError(f"invalid checkpoint interval; {INTERVAL_FORMS}") from None
+
+    @field_validator("memory_tier", mode="before")
+    @classmethod
+    def _memory_tier(cls, v: Any) -> int:
+        return parse_size(v)
 
     @field_validator("upload_url")
     @classmethod

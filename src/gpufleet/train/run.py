@@ -124,6 +124,7 @@ class Run:
                 s3_endpoint=s.s3_endpoint,
                 keep_last=s.keep_last,
                 keep_window_steps=s.spike_window,
+                memory_bytes=self._memory_budget(),
             )
             self._engine = CheckpointEngine(
                 cfg,
@@ -135,6 +136,20 @@ class Run:
             mtbf, source = self._mtbf_estimate()
             self._policy = IntervalPolicy.parse(s.checkpoint_every, mtbf_s=mtbf, mtbf_source=source)
         return self._engine
+
+    def _memory_budget(self) -> int:
+        """The in-memory tier's budget: on when every rank runs on this node (no cross-node peer
+        replication yet, and restore reads rank 0's choice from this node's memory)."""
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", str(self.world_size)))
+        if self.settings.memory_tier and local != self.world_size and self.is_main:
+            print(
+                f"gpufleet: --memory-tier is off: the {self.world_size} ranks span nodes "
+                f"({local} on this one); the in-memory tier needs them on one node",
+                file=sys.stderr,
+                flush=True,
+            )
+            return 0
+        return self.settings.memory_tier
 
     def _mtbf_estimate(self) -> tuple[float | None, str]:
         """M for the auto interval, from this run directory's failure history and the configured value.

@@ -48,7 +48,7 @@ FLAGS: dict[str, str] = {
     "slot_failures": "--slot-failures",
     **SETTING_FLAG,
 }
-_WORKER_FIELDS = ("checkpoint_every", "keep_last", "upload_url", "s3_endpoint", "mtbf_s")
+_WORKER_FIELDS = ("checkpoint_every", "keep_last", "upload_url", "s3_endpoint", "mtbf_s", "memory_tier")
 
 
 class SupervisorConfig(BaseModel):
@@ -76,6 +76,7 @@ class SupervisorConfig(BaseModel):
     upload_url: str | None = None
     s3_endpoint: str | None = None
     mtbf_s: float | None = None
+    memory_tier: str | None = None  # in-memory checkpoint tier budget ("2GiB"; "0": off)
     standby: bool = True
     progress: bool = False
     poll_s: float = Field(0.02, gt=0)
