@@ -311,10 +311,42 @@ def phase_serve(work: Path, slo: str, workload: str, duration: int, max_rate: fl
     _merge({"serve": serve})
 
 
+def report() -> str:
+    """The markdown section of docs/benchmarks.md from the results JSON (figures as measured)."""
+    r = json.loads(RESULTS.read_text())
+    lines = [
+        "| model | method | params | domain ppl | general ppl | domain x | general x | selectivity |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in r.get("eval", {}).get("rows", []):
+        lines.append(
+            f"| {row['model']} | {row.get('method') or 'dense'} | {row['params'] / 1e6:.1f} M"
+            f" ({row.get('params_ratio', 1.0):.3f}) | {row['domain_ppl']:.2f} | {row['general_ppl']:.2f} |"
+            f" {row.get('domain_ratio', 1.0):.3f} | {row.get('general_ratio', 1.0):.3f} |"
+            f" {row.get('selectivity')} |"
+        )
+    sp = r.get("speed", {})
+    if sp:
+        lines += [
+            "",
+            "| llama.cpp Q8_0, 2 threads (median of rounds) | prefill tok/s | decode tok/s | GGUF MB |",
+            "|---|---|---|---|",
+        ]
+        for n, m in sp["median"].items():
+            lines.append(
+                f"| {n} | {m['prefill_tok_s']:.1f} | {m['decode_tok_s']:.1f} |"
+                f" {sp['gguf_bytes'][n] / 1e6:.1f} |"
+            )
+        lines.append(f"| speed-up | {sp.get('prefill_speedup')} | {sp.get('decode_speedup')} | |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", type=Path, default=Path("runs/p8"))
-    ap.add_argument("--phase", default="all", choices=["prune", "heal", "eval", "speed", "serve", "all"])
+    ap.add_argument(
+        "--phase", default="all", choices=["prune", "heal", "eval", "speed", "serve", "all", "report"]
+    )
     ap.add_argument("--target", type=float, default=0.75)
     ap.add_argument("--calib-tokens", type=int, default=8192)
     ap.add_argument("--heal-steps", type=int, default=100)
@@ -329,6 +361,9 @@ def main() -> None:
     ap.add_argument("--serve-max-rate", type=float, default=8.0)
     a = ap.parse_args()
     a.work.mkdir(parents=True, exist_ok=True)
+    if a.phase == "report":
+        print(report())
+        return
     if a.phase in ("prune", "all"):
         phase_prune(a.work, a.target, a.calib_tokens)
     if a.phase in ("heal", "all"):
