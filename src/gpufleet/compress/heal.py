@@ -108,6 +108,9 @@ class HealJob:
 
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.optim, lr_at)
         self.vocab_index = torch.tensor(self.vocab_ids) if self.vocab_ids is not None else None
+        if self.vocab_index is not None:
+            w = self.teacher.get_output_embeddings().weight
+            self.teacher_head = w.detach().index_select(0, self.vocab_index).contiguous()
 
     def batch(self, step: int) -> Any:
         import torch
@@ -125,9 +128,11 @@ class HealJob:
         with ctx:
             with torch.no_grad():
                 t_ids = ids if self.vocab_index is None else self.vocab_index[ids]
-                t_logits = self.teacher(input_ids=t_ids, use_cache=False).logits
-                if self.vocab_index is not None:
-                    t_logits = t_logits.index_select(-1, self.vocab_index)
+                if self.vocab_index is None:
+                    t_logits = self.teacher(input_ids=t_ids, use_cache=False).logits
+                else:  # only the kept rows of the teacher's LM head: a quarter of its cost for 13k of 49k
+                    hidden = self.teacher.model(input_ids=t_ids, use_cache=False).last_hidden_state
+                    t_logits = F.linear(hidden, self.teacher_head)
             s_logits = self.student(input_ids=ids, use_cache=False).logits
         t = F.log_softmax(t_logits.float() / T, dim=-1)
         s = F.log_softmax(s_logits.float() / T, dim=-1)
