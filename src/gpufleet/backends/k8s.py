@@ -232,7 +232,7 @@ class K8sJobsBackend(Backend):
         poll_s: float = 1.0,
         clients: tuple[Any, Any] | None = None,
     ) -> None:
-        from gpufleet.k8s.manifests import EVENT_PORT, K8sJob
+        from gpufleet.k8s.manifests import K8sJob
 
         del standby, min_nodes  # the cluster's scheduler finds a replacement node; no shrinking
         raw = job_json or os.environ.get(JOB_ENV)
@@ -243,18 +243,29 @@ class K8sJobsBackend(Backend):
         self.connect_timeout = connect_timeout
         self.poll_s = poll_s
         self.batch, self.core = clients or api_clients()
-        self.listener = socket.create_server(("", EVENT_PORT if port is None else port), backlog=self.want)
+        self.listener = socket.create_server(
+            ("", self.job.event_port if port is None else port), backlog=self.want
+        )
         self.lost: list[str] = []
 
     def start(self, spec: LaunchSpec) -> K8sAttempt:
-        from gpufleet.k8s.manifests import RUN_MOUNT, master_addr, worker_job
+        from gpufleet.k8s.manifests import MASTER_PORT, master_addr, worker_job
 
         token = os.urandom(8).hex()
         spec.nnodes = self.want
-        spec.master_addr, spec.master_port = master_addr(self.job, spec.attempt), 29500
+        spec.master_addr, spec.master_port = master_addr(self.job, spec.attempt), MASTER_PORT
         env = {k: v for k, v in spec.env.items() if k != Env.RUN_DIR}
-        spec.env[Env.RUN_DIR] = RUN_MOUNT
-        body = worker_job(self.job, spec.attempt, env, token, nodes=self.want, exclude_nodes=self.lost)
+        spec.env[Env.RUN_DIR] = self.job.run_mount  # the pods' path of the shared run directory
+        body = worker_job(
+            self.job,
+            spec.attempt,
+            env,
+            token,
+            nodes=self.want,
+            exclude_nodes=self.lost,
+            command=spec.command,
+            nproc_per_node=spec.nproc_per_node,
+        )
         self.batch.create_namespaced_job(self.job.namespace, body)
         name = body["metadata"]["name"]
         pods = self._accept(token, spec.nproc_per_node)

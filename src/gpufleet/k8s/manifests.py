@@ -87,6 +87,10 @@ class K8sJob:
     """Pod termination grace: time for the preStop final checkpoint."""
     service_account: str | None = None
     """Use this ServiceAccount instead of creating ``NAME-supervisor`` with its Role."""
+    run_mount: str = RUN_MOUNT
+    """Where the run directory is mounted in every pod."""
+    event_port: int = EVENT_PORT
+    """The supervisor's event-channel port."""
 
     def __post_init__(self) -> None:
         if not _DNS_LABEL.match(self.name):
@@ -124,7 +128,7 @@ def _run_volume(job: K8sJob) -> tuple[dict[str, Any], dict[str, Any]]:
         vol: dict[str, Any] = {"name": "run", "persistentVolumeClaim": {"claimName": job.run_claim}}
     else:
         vol = {"name": "run", "emptyDir": {}}
-    return vol, {"name": "run", "mountPath": RUN_MOUNT}
+    return vol, {"name": "run", "mountPath": job.run_mount}
 
 
 # ------------------------------------------------------------------------------------- supervisor
@@ -160,6 +164,7 @@ def supervisor_objects(job: K8sJob) -> list[dict[str, Any]]:
                 "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": job.namespace}],
             }
         )
+    port = job.event_port
     out.append(
         {
             "apiVersion": "v1",
@@ -167,15 +172,13 @@ def supervisor_objects(job: K8sJob) -> list[dict[str, Any]]:
             "metadata": _meta(job, name, "supervisor"),
             "spec": {
                 "selector": {LABEL_RUN: job.name, LABEL_ROLE: "supervisor"},
-                "ports": [
-                    {"name": "events", "port": EVENT_PORT, "targetPort": EVENT_PORT, "protocol": "TCP"}
-                ],
+                "ports": [{"name": "events", "port": port, "targetPort": port, "protocol": "TCP"}],
             },
         }
     )
     vol, mount = _run_volume(job)
     argv = ["gpufleet", "run", "--backend", "k8s-jobs", "--nodes", str(job.nodes)]
-    argv += ["-n", str(job.nproc_per_node), "--run-dir", RUN_MOUNT, "--no-progress"]
+    argv += ["-n", str(job.nproc_per_node), "--run-dir", job.run_mount, "--no-progress"]
     if job.min_nodes is not None:
         argv += ["--min-nodes", str(job.min_nodes)]
     argv += [*job.supervisor_flags, "--", *job.command]
@@ -198,9 +201,9 @@ def supervisor_objects(job: K8sJob) -> list[dict[str, Any]]:
                                 "command": argv,
                                 "env": [
                                     {"name": "GPUFLEET_K8S_JOB", "value": job.to_json()},
-                                    {"name": "GPUFLEET_FLEET_DIR", "value": f"{RUN_MOUNT}/fleet"},
+                                    {"name": "GPUFLEET_FLEET_DIR", "value": f"{job.run_mount}/fleet"},
                                 ],
-                                "ports": [{"name": "events", "containerPort": EVENT_PORT}],
+                                "ports": [{"name": "events", "containerPort": job.event_port}],
                                 "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}},
                                 "volumeMounts": [mount],
                             }
@@ -268,20 +271,23 @@ def worker_job(
     token: str = "TOKEN",
     nodes: int | None = None,
     exclude_nodes: list[str] | None = None,
+    command: list[str] | None = None,
+    nproc_per_node: int | None = None,
 ) -> dict[str, Any]:
     """Attempt ``attempt``'s indexed Job: ``nodes`` pods (default ``job.nodes``), one agent each.
 
     ``spec_env``: the attempt's GPUFLEET_* settings (the supervisor's LaunchSpec env); ``token`` the
-    hello token the agents present on the event channel; ``exclude_nodes`` more hostnames to avoid.
+    hello token the agents present on the event channel; ``exclude_nodes`` more hostnames to avoid;
+    ``command`` / ``nproc_per_node``: the attempt's, when they differ from the job's.
     """
     m = nodes or job.nodes
     name = f"{job.name}-a{attempt}"
     if exclude_nodes:
         job = K8sJob(**{**asdict(job), "exclude_nodes": sorted(set(job.exclude_nodes) | set(exclude_nodes))})
     launch = {
-        "command": job.command,
-        "nproc_per_node": job.nproc_per_node,
-        "env": {"GPUFLEET_RUN_DIR": RUN_MOUNT, **(spec_env or {})},
+        "command": command or job.command,
+        "nproc_per_node": nproc_per_node or job.nproc_per_node,
+        "env": {"GPUFLEET_RUN_DIR": job.run_mount, **(spec_env or {})},
         "nnodes": m,
         "master_addr": master_addr(job, attempt),
         "master_port": MASTER_PORT,
@@ -330,7 +336,7 @@ def worker_job(
                                 {"name": "GPUFLEET_AGENT_SPEC", "value": json.dumps(launch, sort_keys=True)},
                                 {
                                     "name": "GPUFLEET_K8S_CHANNEL",
-                                    "value": f"{job.name}-supervisor:{EVENT_PORT} {token}",
+                                    "value": f"{job.name}-supervisor:{job.event_port} {token}",
                                 },
                                 {"name": "GPUFLEET_AGENT_GRACE", "value": "5"},
                                 {

@@ -1,0 +1,197 @@
+"""A fake Kubernetes API server whose "kubelet" runs each pod's container command as a local process.
+
+For the backend conformance suite's ``k8s-jobs`` case: no API server or kubelet can run on these
+machines, so this stands in at the HTTP boundary for the calls the ``k8s-jobs`` backend makes through the
+real ``kubernetes`` client. It understands:
+
+- ``POST /apis/batch/v1/namespaces/NS/jobs``: an indexed Job. Each of its ``completions`` pods runs the
+  container's ``command`` with the container's env (``valueFrom: spec.nodeName`` gives ``fake-node-I``),
+  ``JOB_COMPLETION_INDEX=I``, and cluster DNS done by hand: the pod names under the headless Service
+  (``MASTER_ADDR``) and the supervisor's Service name resolve to 127.0.0.1.
+- ``GET /api/v1/namespaces/NS/pods?labelSelector=job-name=J,...``: those pods, with phase and the
+  container's ``terminated.exitCode`` as a kubelet reports it (128+N for signal N).
+- ``DELETE /apis/batch/v1/namespaces/NS/jobs/J``: SIGTERM to each pod's process, SIGKILL after 5 s.
+- ``GET /api/v1/nodes/NAME``: a Ready node.
+
+What it does not do is everything else a cluster does (scheduling, images, volumes, preStop hooks,
+podFailurePolicy, DNS): docs/backends/k8s.md says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+
+class FakeCluster:
+    def __init__(self) -> None:
+        self.pods: dict[str, list[tuple[int, subprocess.Popen[bytes]]]] = {}  # job -> (index, process)
+        self.requests: list[str] = []
+        self._lock = threading.Lock()
+        cluster = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                return None
+
+            def _reply(self, status: int, body: Any) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _body(self) -> Any:
+                n = int(self.headers.get("Content-Length") or 0)
+                return json.loads(self.rfile.read(n)) if n else None
+
+            def do_POST(self) -> None:
+                cluster.requests.append(f"POST {self.path}")
+                if re.fullmatch(r"/apis/batch/v1/namespaces/[^/]+/jobs", urlsplit(self.path).path):
+                    job = self._body()
+                    cluster.run_job(job)
+                    self._reply(201, job)
+                else:
+                    self._reply(404, {"kind": "Status", "status": "Failure", "code": 404})
+
+            def do_GET(self) -> None:
+                cluster.requests.append(f"GET {self.path}")
+                url = urlsplit(self.path)
+                if re.fullmatch(r"/api/v1/namespaces/[^/]+/pods", url.path):
+                    sel = parse_qs(url.query).get("labelSelector", [""])[0]
+                    job = dict(kv.split("=", 1) for kv in sel.split(",") if "=" in kv).get("job-name", "")
+                    self._reply(
+                        200,
+                        {
+                            "kind": "PodList",
+                            "apiVersion": "v1",
+                            "metadata": {},
+                            "items": cluster.pod_list(job),
+                        },
+                    )
+                elif m := re.fullmatch(r"/api/v1/nodes/([^/]+)", url.path):
+                    self._reply(200, _node(m.group(1)))
+                else:
+                    self._reply(404, {"kind": "Status", "status": "Failure", "code": 404})
+
+            def do_DELETE(self) -> None:
+                cluster.requests.append(f"DELETE {self.path}")
+                m = re.fullmatch(r"/apis/batch/v1/namespaces/[^/]+/jobs/([^/]+)", urlsplit(self.path).path)
+                if m:
+                    cluster.delete_job(m.group(1))
+                    self._reply(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
+                else:
+                    self._reply(404, {"kind": "Status", "status": "Failure", "code": 404})
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def clients(self) -> tuple[Any, Any]:
+        """(BatchV1Api, CoreV1Api) of the real client, talking to this server."""
+        from kubernetes import client
+
+        cfg = client.Configuration()
+        cfg.host = self.url
+        api = client.ApiClient(cfg)
+        return client.BatchV1Api(api), client.CoreV1Api(api)
+
+    # -- the "kubelet" -----------------------------------------------------------------------------
+    def run_job(self, job: dict[str, Any]) -> None:
+        name = job["metadata"]["name"]
+        (c,) = job["spec"]["template"]["spec"]["containers"]
+        started = []
+        for i in range(int(job["spec"]["completions"])):
+            env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}"}
+            for e in c.get("env", []):
+                if "value" in e:
+                    env[e["name"]] = e["value"]
+                elif e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "spec.nodeName":
+                    env[e["name"]] = f"fake-node-{i}"
+            env["JOB_COMPLETION_INDEX"] = str(i)
+            spec = json.loads(env["GPUFLEET_AGENT_SPEC"])  # cluster DNS, by hand
+            spec["master_addr"] = "127.0.0.1"
+            env["GPUFLEET_AGENT_SPEC"] = json.dumps(spec)
+            address, token = env["GPUFLEET_K8S_CHANNEL"].split(" ", 1)
+            env["GPUFLEET_K8S_CHANNEL"] = f"127.0.0.1:{address.rsplit(':', 1)[1]} {token}"
+            proc = subprocess.Popen(c["command"], env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+            started.append((i, proc))
+        with self._lock:
+            self.pods[name] = started
+
+    def pod_list(self, job: str) -> list[dict[str, Any]]:
+        with self._lock:
+            pods = list(self.pods.get(job, []))
+        out = []
+        for i, proc in pods:
+            code = proc.poll()
+            state: dict[str, Any] = {"running": {"startedAt": "2026-12-01T18:00:00Z"}}
+            if code is not None:
+                exit_code = code if code >= 0 else 128 - code  # as a kubelet reports a signal
+                state = {
+                    "terminated": {"exitCode": exit_code, "reason": "Completed" if code == 0 else "Error"}
+                }
+            phase = "Running" if code is None else ("Succeeded" if code == 0 else "Failed")
+            out.append(
+                {
+                    "metadata": {
+                        "name": f"{job}-{i}-x{i}",
+                        "namespace": "default",
+                        "labels": {"job-name": job},
+                        "annotations": {"batch.kubernetes.io/job-completion-index": str(i)},
+                    },
+                    "spec": {"nodeName": f"fake-node-{i}", "containers": [{"name": "agent", "image": "x"}]},
+                    "status": {
+                        "phase": phase,
+                        "containerStatuses": [
+                            {"name": "agent", "ready": code is None, "restartCount": 0, "image": "x",
+                             "imageID": "x", "state": state}
+                        ],
+                    },
+                }
+            )  # fmt: skip
+        return out
+
+    def delete_job(self, name: str) -> None:
+        with self._lock:
+            pods = self.pods.pop(name, [])
+        for _, proc in pods:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        end = time.monotonic() + 5.0
+        for _, proc in pods:
+            try:
+                proc.wait(timeout=max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+    def close(self) -> None:
+        for name in list(self.pods):
+            self.delete_job(name)
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _node(name: str) -> dict[str, Any]:
+    return {
+        "kind": "Node",
+        "apiVersion": "v1",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "spec": {},
+        "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]},
+    }
