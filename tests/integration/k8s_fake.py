@@ -11,7 +11,9 @@ real ``kubernetes`` client. It understands:
 - ``GET /api/v1/namespaces/NS/pods?labelSelector=job-name=J,...``: those pods, with phase and the
   container's ``terminated.exitCode`` as a kubelet reports it (128+N for signal N).
 - ``DELETE /apis/batch/v1/namespaces/NS/jobs/J``: SIGTERM to each pod's process, SIGKILL after 5 s.
-- ``GET /api/v1/nodes/NAME``: a Ready node.
+- ``GET /api/v1/nodes``, ``GET /api/v1/nodes/NAME``, ``PATCH /api/v1/nodes/NAME`` (strategic merge of
+  labels, annotations, ``unschedulable``): nodes ``fake-node-0..N-1``, Ready until :meth:`lose_node`.
+  Pods go to the first nodes the Job's required node affinity (``kubernetes.io/hostname NotIn``) allows.
 
 What it does not do is everything else a cluster does (scheduling, images, volumes, preStop hooks,
 podFailurePolicy, DNS): docs/backends/k8s.md says so.
@@ -33,8 +35,12 @@ from urllib.parse import parse_qs, urlsplit
 
 
 class FakeCluster:
-    def __init__(self) -> None:
+    def __init__(self, nodes: int = 3) -> None:
         self.pods: dict[str, list[tuple[int, subprocess.Popen[bytes]]]] = {}  # job -> (index, process)
+        self.placed: dict[str, list[str]] = {}  # job -> node of each pod, by index
+        self.nodes = {f"fake-node-{i}": _node(f"fake-node-{i}") for i in range(nodes)}
+        self.lost: set[str] = set()
+        self.patches: list[tuple[str, Any]] = []
         self.requests: list[str] = []
         self._lock = threading.Lock()
         cluster = self
@@ -79,8 +85,26 @@ class FakeCluster:
                             "items": cluster.pod_list(job),
                         },
                     )
-                elif m := re.fullmatch(r"/api/v1/nodes/([^/]+)", url.path):
-                    self._reply(200, _node(m.group(1)))
+                elif url.path == "/api/v1/nodes":
+                    self._reply(
+                        200,
+                        {
+                            "kind": "NodeList",
+                            "apiVersion": "v1",
+                            "metadata": {},
+                            "items": list(cluster.nodes.values()),
+                        },
+                    )
+                elif (m := re.fullmatch(r"/api/v1/nodes/([^/]+)", url.path)) and m.group(1) in cluster.nodes:
+                    self._reply(200, cluster.nodes[m.group(1)])
+                else:
+                    self._reply(404, {"kind": "Status", "status": "Failure", "code": 404})
+
+            def do_PATCH(self) -> None:
+                cluster.requests.append(f"PATCH {self.path}")
+                m = re.fullmatch(r"/api/v1/nodes/([^/]+)", urlsplit(self.path).path)
+                if m and m.group(1) in cluster.nodes:
+                    self._reply(200, cluster.patch_node(m.group(1), self._body()))
                 else:
                     self._reply(404, {"kind": "Status", "status": "Failure", "code": 404})
 
@@ -113,15 +137,27 @@ class FakeCluster:
     # -- the "kubelet" -----------------------------------------------------------------------------
     def run_job(self, job: dict[str, Any]) -> None:
         name = job["metadata"]["name"]
-        (c,) = job["spec"]["template"]["spec"]["containers"]
+        pod = job["spec"]["template"]["spec"]
+        (c,) = pod["containers"]
+        avoid = set()
+        for term in pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"
+        ]:
+            for e in term["matchExpressions"]:
+                if e["key"] == "kubernetes.io/hostname" and e["operator"] == "NotIn":
+                    avoid |= set(e["values"])
+        free = [n for n in self.nodes if n not in avoid and n not in self.lost]
+        count = int(job["spec"]["completions"])
+        assert len(free) >= count, f"fake cluster: {count} pods, free nodes {free}"
+        self.placed[name] = free[:count]
         started = []
-        for i in range(int(job["spec"]["completions"])):
+        for i in range(count):
             env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}"}
             for e in c.get("env", []):
                 if "value" in e:
                     env[e["name"]] = e["value"]
                 elif e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "spec.nodeName":
-                    env[e["name"]] = f"fake-node-{i}"
+                    env[e["name"]] = self.placed[name][i]
             env["JOB_COMPLETION_INDEX"] = str(i)
             spec = json.loads(env["GPUFLEET_AGENT_SPEC"])  # cluster DNS, by hand
             spec["master_addr"] = "127.0.0.1"
@@ -139,6 +175,7 @@ class FakeCluster:
         out = []
         for i, proc in pods:
             code = proc.poll()
+            node = self.placed[job][i]
             state: dict[str, Any] = {"running": {"startedAt": "2026-12-01T18:00:00Z"}}
             if code is not None:
                 exit_code = code if code >= 0 else 128 - code  # as a kubelet reports a signal
@@ -154,9 +191,10 @@ class FakeCluster:
                         "labels": {"job-name": job},
                         "annotations": {"batch.kubernetes.io/job-completion-index": str(i)},
                     },
-                    "spec": {"nodeName": f"fake-node-{i}", "containers": [{"name": "agent", "image": "x"}]},
+                    "spec": {"nodeName": node, "containers": [{"name": "agent", "image": "x"}]},
                     "status": {
                         "phase": phase,
+                        "reason": "NodeLost" if node in self.lost else None,
                         "containerStatuses": [
                             {"name": "agent", "ready": code is None, "restartCount": 0, "image": "x",
                              "imageID": "x", "state": state}
@@ -165,6 +203,38 @@ class FakeCluster:
                 }
             )  # fmt: skip
         return out
+
+    def lose_node(self, node: str) -> list[int]:
+        """The node dies: SIGKILL to every process of its pods (agent and ranks), Ready turns Unknown."""
+        self.lost.add(node)
+        self.nodes[node]["status"]["conditions"] = [
+            {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"}
+        ]
+        killed = []
+        for job, pods in self.pods.items():
+            for i, proc in pods:
+                if self.placed[job][i] == node:
+                    for pid in _tree(proc.pid):
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                            killed.append(pid)
+                        except ProcessLookupError:
+                            pass
+                    proc.wait()
+        return killed
+
+    def patch_node(self, name: str, body: Any) -> dict[str, Any]:
+        self.patches.append((name, body))
+        node = self.nodes[name]
+        for key in ("labels", "annotations"):
+            for k, v in (body.get("metadata", {}).get(key) or {}).items():
+                if v is None:
+                    node["metadata"].setdefault(key, {}).pop(k, None)
+                else:
+                    node["metadata"].setdefault(key, {})[k] = v
+        if "unschedulable" in body.get("spec", {}):
+            node["spec"]["unschedulable"] = bool(body["spec"]["unschedulable"])
+        return node
 
     def delete_job(self, name: str) -> None:
         with self._lock:
@@ -185,6 +255,26 @@ class FakeCluster:
             self.delete_job(name)
         self.server.shutdown()
         self.server.server_close()
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (by parent pid), read from /proc in one sweep."""
+    from pathlib import Path
+
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return out
 
 
 def _node(name: str) -> dict[str, Any]:

@@ -186,7 +186,7 @@ class K8sAttempt(Attempt):
             if code is not None:
                 report = exit_report(self.spec.env[Env.RUN_DIR], self.spec.attempt, p.node)
                 own = report.get("worker_code") if report else None
-                p.code = own if isinstance(own, int) and code != 0 else code
+                p.code = own if isinstance(own, int) and code != 0 else (LOST_CODE if lost else code)
                 p.lost = lost
 
     def poll(self) -> dict[int, int | None]:

@@ -1,0 +1,89 @@
+"""The k8s-jobs backend loses a node (against tests/integration/k8s_fake.py: a fake API server whose
+kubelet runs pods as local processes; no real cluster can run here).
+
+The node dies (SIGKILL to its pod's agent and ranks; Ready turns Unknown; the pod reads NodeLost). The
+attempt fails, the backend records ``node_lost``, cordons and taints the node through the real client
+(an owned reason), and the next attempt's indexed Job avoids it by hostname.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import pytest
+
+from gpufleet.backends import LaunchSpec
+from gpufleet.core.ledger import Ledger, read_events
+from gpufleet.core.ports import free_port
+
+pytest.importorskip("kubernetes")
+
+from k8s_fake import FakeCluster  # noqa: E402
+
+WORKER = r"""
+import json, os, sys, time
+fd = int(os.environ["GPUFLEET_CONTROL_FD"])
+os.write(fd, (json.dumps({"ev": "armed", "rank": int(os.environ["RANK"]), "t": time.time()}) + "\n").encode())
+while True:
+    time.sleep(1)
+"""
+
+
+def test_lost_node_is_recorded_cordoned_and_avoided(tmp_path, monkeypatch):
+    from gpufleet.backends.k8s import K8sJobsBackend
+    from gpufleet.k8s.manifests import K8sJob
+
+    monkeypatch.setenv("GPUFLEET_FLEET_DIR", str(tmp_path / "fleet"))
+    (tmp_path / "run").mkdir()
+    (tmp_path / "w.py").write_text(WORKER)
+    cluster = FakeCluster(nodes=3)
+    job = K8sJob(
+        name="t", image="-", command=["-"], nodes=2, run_mount=str(tmp_path / "run"), event_port=free_port()
+    )
+    backend = K8sJobsBackend(job_json=job.to_json(), poll_s=0.1, clients=cluster.clients())
+    try:
+        spec = LaunchSpec(
+            command=[sys.executable, str(tmp_path / "w.py")], nproc_per_node=1, env={}, attempt=0
+        )
+        run = backend.start(spec)
+        got: list[dict] = []
+        end = time.monotonic() + 60
+        while len(got) < 2 and time.monotonic() < end:
+            got += [e for e in run.events.read(0.1) if e.get("ev") == "armed"]
+        assert len(got) == 2
+        assert [w.node for w in run.workers] == ["fake-node-0", "fake-node-1"]
+        assert cluster.lose_node("fake-node-1")
+        end = time.monotonic() + 60
+        while run.poll()[1] is None and time.monotonic() < end:
+            run.events.read(0.1)
+        assert run.poll()[1] == -9  # the lost pod reads as killed
+        run.stop(0.5)
+        run.close()
+        with Ledger(tmp_path / "run") as ledger:
+            verdict = backend.after_failure(run, ledger)
+        assert verdict.restart
+        evs = read_events(tmp_path / "run")
+        assert [(e["ev"], e["node"]) for e in evs if e["ev"] in ("node_lost", "k8s_action")] == [
+            ("node_lost", "fake-node-1"),
+            ("k8s_action", "fake-node-1"),
+        ]
+        ((node, patch),) = cluster.patches
+        assert node == "fake-node-1" and patch["spec"]["unschedulable"] is True
+        assert patch["metadata"]["annotations"]["gpufleet.io/cordon-reason"].startswith(
+            "gpufleet: node-lost: "
+        )
+        # the next attempt's Job keeps off the node, by hostname
+        run = backend.start(LaunchSpec(command=spec.command, nproc_per_node=1, env={}, attempt=1))
+        assert [w.node for w in run.workers] == ["fake-node-0", "fake-node-2"]
+        run.stop(0.5)
+        run.close()
+        assert any(
+            r.startswith("DELETE /apis/batch/v1/namespaces/default/jobs/t-a1") for r in cluster.requests
+        )
+        fleet = [json.loads(x) for x in (tmp_path / "fleet" / "ledger.jsonl").read_text().splitlines()]
+        assert ("fake-node-1", "drained") in [(e["node"], e.get("state")) for e in fleet]
+    finally:
+        backend.close()
+        cluster.close()
