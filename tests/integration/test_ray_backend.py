@@ -202,3 +202,74 @@ def test_health_sweep_quarantines_the_failing_node(tmp_path):
     finally:
         if owned:
             ray.shutdown()
+
+
+TRAINER = str(Path(__file__).parent / "scripts" / "ray_trainer.py")
+
+
+@pytest.mark.skipif(
+    not os.environ.get("GPUFLEET_TEST_RAY_TRAIN"),
+    reason="opt-in (GPUFLEET_TEST_RAY_TRAIN=1): two Ray Train worker groups take ~60 s on the 2-core CI box",
+)
+def test_torchtrainer_loop_resumes_from_gpufleets_verified_checkpoint(tmp_path):
+    """gpufleet.ray in a Ray Train TorchTrainer: rank 1 dies at step 12, Ray Train restarts the group
+    (FailureConfig(max_failures=1)), and every rank resumes from gpufleet's newest verified checkpoint
+    (step 10), seeing each later step once."""
+    d = tmp_path / "run"
+    d.mkdir()
+    argv = [sys.executable, TRAINER, "--address", ray_address(), "--run-dir", str(d), "--crash-at", "12"]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and '"error": null' in p.stdout, p.stdout[-2000:] + p.stderr[-3000:]
+    assert (d / "crashed").read_text() == "12"
+    out = final(d)
+    assert out["start"] == 10 and out["steps"] == list(range(10, 24))
+    restores = evs(d, "restore")
+    assert [r["step"] for r in restores if r["rank"] == 0] == [0, 10] and not restores[-1]["fresh"]
+
+
+def test_a_node_that_keeps_failing_is_excluded(tmp_path, monkeypatch):
+    """Rank 1's node is blamed for two failures in a row (node_failures=2): it is marked suspect and
+    kept out of the next placement group, which then packs both ranks on the other node."""
+    from gpufleet.backends import Blame, LaunchSpec
+    from gpufleet.backends.ray import RayBackend
+    from gpufleet.core import events as E
+    from gpufleet.core.ledger import Ledger
+
+    monkeypatch.setenv("GPUFLEET_FLEET_DIR", str(tmp_path / "fleet"))
+    script = tmp_path / "w.py"
+    script.write_text("import os, sys\nsys.exit(3 if os.environ['RANK'] == '1' else 0)\n")
+    (tmp_path / "run").mkdir()
+    backend = RayBackend(address=ray_address(), nodes=2, agent_grace_s=1.0)
+    try:
+        with Ledger(tmp_path / "run") as ledger:
+            for attempt in range(2):
+                spec = LaunchSpec(
+                    command=[sys.executable, str(script)], nproc_per_node=1, attempt=attempt,
+                    env={"GPUFLEET_RUN_DIR": str(tmp_path / "run")},
+                )  # fmt: skip
+                run = backend.start(spec)
+                wait_for(lambda run=run: None not in run.poll().values(), 90, "the attempt to end")
+                assert run.poll() == {0: 0, 1: 3}
+                bad = run.workers[1].node
+                run.stop(0.5)
+                run.close()
+                verdict = backend.after_failure(run, ledger, Blame(1, E.FailureCause.CRASH))
+                assert verdict.restart
+        assert [node_name_of(n) for n in backend.excluded] == [bad]
+        (state,) = evs(tmp_path / "run", "node_state")
+        assert (state["node"], state["state"], state["check"]) == (bad, "suspect", "node-failures")
+        run = backend.start(
+            LaunchSpec(command=[sys.executable, "-c", "pass"], nproc_per_node=1, attempt=2,
+                       env={"GPUFLEET_RUN_DIR": str(tmp_path / "run")})
+        )  # fmt: skip
+        assert run.spec.nnodes == 1 and run.spec.nproc_per_node == 2 and run.workers[0].node != bad
+        run.stop(0.5)
+        run.close()
+    finally:
+        backend.close()
+
+
+def node_name_of(node_id: str) -> str:
+    from gpufleet.backends.ray import node_name
+
+    return node_name(node_id)
