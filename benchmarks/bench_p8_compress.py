@@ -321,7 +321,8 @@ def report() -> str:
     for row in r.get("eval", {}).get("rows", []):
         lines.append(
             f"| {row['model']} | {row.get('method') or 'dense'} | {row['params'] / 1e6:.1f} M"
-            f" ({row.get('params_ratio', 1.0):.3f}) | {row['domain_ppl']:.2f} | {row['general_ppl']:.2f} |"
+            f" ({row.get('params_ratio', 1.0):.3f}, nonzero {row.get('nonzero_ratio', 1.0):.3f}) |"
+            f" {row['domain_ppl']:.2f} | {row['general_ppl']:.2f} |"
             f" {row.get('domain_ratio', 1.0):.3f} | {row.get('general_ratio', 1.0):.3f} |"
             f" {row.get('selectivity')} |"
         )

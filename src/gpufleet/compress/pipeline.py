@@ -223,6 +223,13 @@ def evaluate(cfg: EvalConfig, *, out: Path | None = None, progress: Progress = _
 
     def row(name: str, loaded: Loaded, path: Path | None) -> dict[str, Any]:
         r: dict[str, Any] = {"model": name, "params": param_count(loaded.model)}
+        seen: set[int] = set()
+        nonzero = 0
+        for prm in loaded.model.parameters():  # Wanda's zeros still count in "params"
+            if id(prm) not in seen:
+                seen.add(id(prm))
+                nonzero += int(prm.count_nonzero())
+        r["nonzero_params"] = nonzero
         for role in ("domain", "general"):
             progress(f"{name}: {role} perplexity")
             r[f"{role}_ppl"] = round(
@@ -249,6 +256,7 @@ def evaluate(cfg: EvalConfig, *, out: Path | None = None, progress: Progress = _
         r = row(path.name, loaded, path)
         r["method"] = loaded.provenance.get("method")
         r["params_ratio"] = round(r["params"] / base["params"], 4)
+        r["nonzero_ratio"] = round(r["nonzero_params"] / base["nonzero_params"], 4)
         for role in ("domain", "general"):
             r[f"{role}_ratio"] = round(r[f"{role}_ppl"] / base[f"{role}_ppl"], 4)
         s = ev.selectivity(r["domain_ratio"], r["general_ratio"])
