@@ -27,8 +27,18 @@ ports() {  # ports N: the per-node port flags of node N (0 = head)
     "--metrics-export-port=$((b + 5)) --min-worker-port=$((b + 6)) --max-worker-port=$((b + 19))"
 }
 
-pids() {  # every process of this cluster: those whose command line names its temp dir or GCS port
-  pgrep -f -- "$TMP|gcs-address=127.0.0.1:$BASE|--gcs_server_port=$BASE" 2>/dev/null || true
+pids() {  # every process of this cluster: those whose command line names its temp dir or GCS port,
+  # and everything below them (Ray's workers and agents rename themselves `ray::...`)
+  local roots
+  roots=$(pgrep -f -- "$TMP|gcs-address=127.0.0.1:$BASE|--gcs_server_port=$BASE" 2>/dev/null | tr '\n' ' ')
+  [ -n "$roots" ] || return 0
+  ps -eo pid=,ppid= | awk -v roots="$roots" '
+    { parent[$1] = $2 }
+    END {
+      n = split(roots, r, " "); for (i = 1; i <= n; i++) keep[r[i]] = 1
+      do { added = 0; for (p in parent) if (!(p in keep) && (parent[p] in keep)) { keep[p] = 1; added = 1 } } while (added)
+      for (p in keep) print p
+    }'
 }
 
 start_worker() {  # start_worker N: worker node N (1 or 2) joins the head
@@ -61,7 +71,7 @@ PY
     [ -x "$RAY" ] || { echo "ray: $RAY missing (pip install 'gpufleet[ray]')" >&2; exit 1; }
     # shellcheck disable=SC2046
     "$RAY" start --head --node-ip-address=127.0.0.1 --port="$BASE" --num-cpus=0 --temp-dir="$TMP" \
-      --include-dashboard=false --disable-usage-stats $(ports 0) >"$S/head.log" 2>&1
+      --include-dashboard=false --dashboard-port=$((BASE + 2)) --disable-usage-stats $(ports 0) >"$S/head.log" 2>&1
     for n in 1 2; do start_worker "$n"; done
     cat > "$ROOT/.ci/state/ray.env" <<ENV
 export GPUFLEET_TEST_RAY_ADDRESS=127.0.0.1:$BASE
