@@ -4,10 +4,11 @@ For the backend conformance suite's ``k8s-jobs`` case: no API server or kubelet 
 machines, so this stands in at the HTTP boundary for the calls the ``k8s-jobs`` backend makes through the
 real ``kubernetes`` client. It understands:
 
-- ``POST /apis/batch/v1/namespaces/NS/jobs``: an indexed Job. Each of its ``completions`` pods runs the
-  container's ``command`` with the container's env (``valueFrom: spec.nodeName`` gives ``fake-node-I``),
-  ``JOB_COMPLETION_INDEX=I``, and cluster DNS done by hand: the pod names under the headless Service
-  (``MASTER_ADDR``) and the supervisor's Service name resolve to 127.0.0.1.
+- ``POST .../namespaces/NS/KIND``: any object is stored (``created``); a worker Job (an indexed Job) is
+  also run: each of its ``completions`` pods runs the container's ``command`` with the container's
+  env (``valueFrom: spec.nodeName`` gives the pod's node), ``JOB_COMPLETION_INDEX=I``, and cluster DNS
+  done by hand: the pod names under the headless Service (``MASTER_ADDR``) and the supervisor's
+  Service name resolve to 127.0.0.1.
 - ``GET /api/v1/namespaces/NS/pods?labelSelector=job-name=J,...``: those pods, with phase and the
   container's ``terminated.exitCode`` as a kubelet reports it (128+N for signal N).
 - ``DELETE /apis/batch/v1/namespaces/NS/jobs/J``: SIGTERM to each pod's process, SIGKILL after 5 s.
@@ -41,6 +42,7 @@ class FakeCluster:
         self.nodes = {f"fake-node-{i}": _node(f"fake-node-{i}") for i in range(nodes)}
         self.lost: set[str] = set()
         self.patches: list[tuple[str, Any]] = []
+        self.created: list[tuple[str, Any]] = []  # (collection path, object) of objects only stored
         self.requests: list[str] = []
         self._lock = threading.Lock()
         cluster = self
@@ -63,10 +65,14 @@ class FakeCluster:
 
             def do_POST(self) -> None:
                 cluster.requests.append(f"POST {self.path}")
-                if re.fullmatch(r"/apis/batch/v1/namespaces/[^/]+/jobs", urlsplit(self.path).path):
-                    job = self._body()
-                    cluster.run_job(job)
-                    self._reply(201, job)
+                path = urlsplit(self.path).path
+                body = self._body()
+                if re.fullmatch(r"/apis/batch/v1/namespaces/[^/]+/jobs", path) and _is_worker_job(body):
+                    cluster.run_job(body)
+                    self._reply(201, body)
+                elif re.fullmatch(r"/apis?/([^/]+/)?v1/namespaces/[^/]+/[a-z]+", path):
+                    cluster.created.append((path, body))  # anything else is stored, not run
+                    self._reply(201, body)
                 else:
                     self._reply(404, {"kind": "Status", "status": "Failure", "code": 404})
 
@@ -255,6 +261,27 @@ class FakeCluster:
             self.delete_job(name)
         self.server.shutdown()
         self.server.server_close()
+
+
+def _is_worker_job(job: Any) -> bool:
+    labels = job.get("spec", {}).get("template", {}).get("metadata", {}).get("labels", {})
+    return bool(labels.get("gpufleet.io/role") == "worker")
+
+
+def write_kubeconfig(path: Any, url: str) -> None:
+    """A kubeconfig whose one cluster is the fake server (for processes that load their own config)."""
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "fake", "cluster": {"server": url}}],
+                "users": [{"name": "fake", "user": {"token": "fake"}}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+                "current-context": "fake",
+            }
+        )
+    )
 
 
 def _tree(pid: int) -> list[int]:

@@ -87,3 +87,50 @@ def test_lost_node_is_recorded_cordoned_and_avoided(tmp_path, monkeypatch):
     finally:
         backend.close()
         cluster.close()
+
+
+def test_submit_creates_the_runs_objects_through_the_client(tmp_path):
+    """`gpufleet run --backend k8s` (no --dry-run) creates every object but attempt 0's worker Job (the
+    supervisor creates that one), in kubectl.txt's order, against the fake server via a kubeconfig."""
+    import os
+    import subprocess
+
+    from k8s_fake import write_kubeconfig
+
+    cluster = FakeCluster()
+    try:
+        write_kubeconfig(tmp_path / "kubeconfig", cluster.url)
+        argv = [
+            sys.executable, "-m", "gpufleet.cli.main", "run", "--backend", "k8s", "--nodes", "2", "-n", "1",
+            "--image", "ghcr.io/acme/train:1.0", "--job-name", "llama", "--namespace", "ml",
+            "--run-dir", str(tmp_path / "run"), "--", "python", "train.py",
+        ]  # fmt: skip
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(tmp_path / "kubeconfig"),
+            "GPUFLEET_FLEET_DIR": str(tmp_path / "f"),
+        }
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+        assert p.returncode == 0, p.stderr
+        assert "created run llama in namespace ml" in p.stderr
+        made = [(path, obj["kind"], obj["metadata"]["name"]) for path, obj in cluster.created]
+        assert made == [
+            ("/api/v1/namespaces/ml/serviceaccounts", "ServiceAccount", "llama-supervisor"),
+            ("/apis/rbac.authorization.k8s.io/v1/namespaces/ml/roles", "Role", "llama-supervisor"),
+            (
+                "/apis/rbac.authorization.k8s.io/v1/namespaces/ml/rolebindings",
+                "RoleBinding",
+                "llama-supervisor",
+            ),
+            ("/api/v1/namespaces/ml/services", "Service", "llama-supervisor"),
+            ("/apis/batch/v1/namespaces/ml/jobs", "Job", "llama-supervisor"),
+            ("/api/v1/namespaces/ml/services", "Service", "llama-workers"),
+            ("/apis/policy/v1/namespaces/ml/poddisruptionbudgets", "PodDisruptionBudget", "llama-workers"),
+            ("/apis/apps/v1/namespaces/ml/daemonsets", "DaemonSet", "gpufleet-health"),
+            ("/api/v1/namespaces/kube-system/configmaps", "ConfigMap", "gpufleet-npd"),
+        ]
+        written = {json.loads(q.read_text())["metadata"]["name"] + "/" + json.loads(q.read_text())["kind"]
+                   for q in (tmp_path / "run" / "k8s").glob("*.json")}  # fmt: skip
+        assert {f"{n}/{k}" for _, k, n in made} == written - {"llama-a0/Job"}
+    finally:
+        cluster.close()
