@@ -249,11 +249,11 @@ class K8sJobsBackend(Backend):
         self.lost: list[str] = []
 
     def start(self, spec: LaunchSpec) -> K8sAttempt:
-        from gpufleet.k8s.manifests import MASTER_PORT, master_addr, worker_job
+        from gpufleet.k8s.manifests import master_addr, worker_job
 
         token = os.urandom(8).hex()
         spec.nnodes = self.want
-        spec.master_addr, spec.master_port = master_addr(self.job, spec.attempt), MASTER_PORT
+        spec.master_addr, spec.master_port = master_addr(self.job, spec.attempt), self.job.master_port
         env = {k: v for k, v in spec.env.items() if k != Env.RUN_DIR}
         spec.env[Env.RUN_DIR] = self.job.run_mount  # the pods' path of the shared run directory
         body = worker_job(

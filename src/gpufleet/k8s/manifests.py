@@ -91,6 +91,8 @@ class K8sJob:
     """Where the run directory is mounted in every pod."""
     event_port: int = EVENT_PORT
     """The supervisor's event-channel port."""
+    master_port: int = MASTER_PORT
+    """torch.distributed's rendezvous port on pod 0."""
 
     def __post_init__(self) -> None:
         if not _DNS_LABEL.match(self.name):
@@ -220,6 +222,7 @@ def supervisor_objects(job: K8sJob) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------------------- workers
 def worker_service(job: K8sJob) -> dict[str, Any]:
     """Headless Service over the run's worker pods: stable DNS names for torch rendezvous."""
+    port = job.master_port
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -228,9 +231,7 @@ def worker_service(job: K8sJob) -> dict[str, Any]:
             "clusterIP": "None",
             "publishNotReadyAddresses": True,  # rendezvous happens before any readiness
             "selector": {LABEL_RUN: job.name, LABEL_ROLE: "worker"},
-            "ports": [
-                {"name": "rendezvous", "port": MASTER_PORT, "targetPort": MASTER_PORT, "protocol": "TCP"}
-            ],
+            "ports": [{"name": "rendezvous", "port": port, "targetPort": port, "protocol": "TCP"}],
         },
     }
 
@@ -290,7 +291,7 @@ def worker_job(
         "env": {"GPUFLEET_RUN_DIR": job.run_mount, **(spec_env or {})},
         "nnodes": m,
         "master_addr": master_addr(job, attempt),
-        "master_port": MASTER_PORT,
+        "master_port": job.master_port,
         "attempt": attempt,
     }
     vol, mount = _run_volume(job)
@@ -344,7 +345,7 @@ def worker_job(
                                     "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}},
                                 },
                             ],
-                            "ports": [{"name": "rendezvous", "containerPort": MASTER_PORT}],
+                            "ports": [{"name": "rendezvous", "containerPort": job.master_port}],
                             "lifecycle": {
                                 "preStop": {
                                     "exec": {
