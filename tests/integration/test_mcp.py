@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from observe_helpers import GPUFLEET, bench_against_mock, report_json
 
 from gpufleet.core.ledger import read_events
 from gpufleet.core.ports import free_port
@@ -30,7 +31,6 @@ from mcp.client.stdio import StdioServerParameters  # noqa: E402
 from gpufleet.observe.mcp_server import ACTION_TOOLS, READ_TOOLS  # noqa: E402
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "toy_train.py")
-GPUFLEET = [sys.executable, "-m", "gpufleet.cli.main"]
 TRAFFIC = "rate=12;in=lognormal:512,0.6;out=fixed:128;cv=1"
 
 
@@ -70,19 +70,7 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> Dirs:
         "n2", "drained", "gpufleet: gpu.xid: XID 79", component="gpu", check="gpu.xid", fleet=d.fleet
     )
     record_state("n3", "drained", "maintenance window", by="admin", fleet=d.fleet)
-    from support.llama import MockProcess
-
-    mock = MockProcess(["--ttft", "20ms", "--itl", "5ms", "--jitter", "0"], log_dir=base).start()
-    try:
-        p = subprocess.run(
-            [*GPUFLEET, "serve", "bench", "--url", mock.url, "--out", str(d.bench), "--no-plot",
-             "--no-progress", "--workload", "in=fixed:16;out=fixed:8", "--requests", "8", "--rate", "8",
-             "--slo", "ttft=200ms"],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert p.returncode == 0, p.stderr[-2000:]
-    finally:
-        mock.stop()
+    bench_against_mock(d.bench, base, requests=8, slo="ttft=200ms")
     _, err = run.communicate(timeout=180)
     assert run.returncode == 0, err[-3000:]
     return d
@@ -97,16 +85,8 @@ def _data(result: Any) -> dict[str, Any]:
     return result.structured_content or json.loads(result.content[0].text)
 
 
-def _report(run_dir: Path) -> dict[str, Any]:
-    p = subprocess.run(
-        [*GPUFLEET, "report", str(run_dir), "--json", "--no-plot"], capture_output=True, text=True
-    )
-    assert p.returncode == 0, p.stderr
-    return json.loads(p.stdout)
-
-
 def test_read_only_tools_resources_and_refusals_over_stdio(dirs: Dirs) -> None:
-    rep = _report(dirs.runs / "faulted")
+    rep = report_json(dirs.runs / "faulted")
 
     async def main() -> None:
         async with _stdio(dirs) as c:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from observe_helpers import GPUFLEET, bench_against_mock, report_json
 
 from gpufleet.core.ports import free_port
 
@@ -42,7 +43,6 @@ pytest.importorskip("prometheus_client", reason="the observe extra (prometheus-c
 pytest.importorskip("grafana_foundation_sdk", reason="the observe extra (grafana-foundation-sdk)")
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "toy_train.py")
-GPUFLEET = [sys.executable, "-m", "gpufleet.cli.main"]
 SILENT = {"GpufleetRunStalled", "GpufleetBreakerTripped", "GpufleetCheckpointsFailing"}
 FIRING = {"GpufleetDrainedNodeSurge", "GpufleetCheckpointFailures"}
 
@@ -142,22 +142,6 @@ def _fleet(fleet: Path) -> None:
     record_state("n5", "in_service", "back", fleet=fleet, t=t + 5000)
 
 
-def _bench(out: Path, log_dir: Path) -> None:
-    from support.llama import MockProcess
-
-    mock = MockProcess(["--ttft", "30ms", "--itl", "5ms", "--jitter", "0"], log_dir=log_dir).start()
-    try:
-        p = subprocess.run(
-            [*GPUFLEET, "serve", "bench", "--url", mock.url, "--out", str(out), "--no-plot", "--no-progress",
-             "--workload", "in=fixed:16;out=fixed:8", "--requests", "12", "--rate", "8",
-             "--slo", "ttft=200ms,tpot=50ms"],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert p.returncode == 0, p.stderr[-2000:]
-    finally:
-        mock.stop()
-
-
 def _prom_config(path: Path, live: int, serve: int, rules: Path) -> None:
     path.write_text(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
@@ -179,7 +163,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     chk = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True)
     assert chk.returncode == 0, chk.stdout + chk.stderr
     _fleet(fleet)
-    _bench(bench, base)
+    bench_against_mock(bench, base, requests=12, slo="ttft=200ms,tpot=50ms")
 
     live_port, serve_port, prom_port = free_port(), free_port(), free_port()
     cfg = base / "prometheus.yml"
@@ -236,14 +220,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             f.close()
 
 
-def _report(run_dir: Path) -> dict[str, Any]:
-    p = subprocess.run(
-        [*GPUFLEET, "report", str(run_dir), "--json", "--no-plot"], capture_output=True, text=True
-    )
-    assert p.returncode == 0, p.stderr
-    return json.loads(p.stdout)
-
-
 def test_live_exporter_was_scraped_while_the_run_ran(stack: Stack) -> None:
     series = stack.range('gpufleet_train_steps_total{job="gpufleet_live"} and on (run) '
                          'gpufleet_run_running{job="gpufleet_live"} == 1')  # fmt: skip
@@ -254,7 +230,7 @@ def test_live_exporter_was_scraped_while_the_run_ran(stack: Stack) -> None:
 
 
 def test_values_agree_with_report(stack: Stack) -> None:
-    rep = _report(stack.run_dir)
+    rep = report_json(stack.run_dir)
     job = 'job="gpufleet",run="faulted"'
     goodput = stack.value(f"gpufleet_train_goodput_ratio{{{job}}}")
     assert goodput == pytest.approx(rep["goodput"], rel=0.01)

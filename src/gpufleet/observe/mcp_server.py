@@ -289,8 +289,6 @@ def supervisor_pid(run_dir: Path) -> int | None:
     ``gpufleet ... run`` whose ``--run-dir`` is this directory (its command line is read, never shown).
     """
     events = read_events(run_dir)
-    if not events or any(e.get("ev") == E.RUN_END for e in events[-1:]):
-        return None
     starts = [e for e in events if e.get("ev") == E.ATTEMPT_START]
     if not starts or E.RUN_END in {e.get("ev") for e in events[events.index(starts[-1]) :]}:
         return None
@@ -311,13 +309,18 @@ def supervisor_pid(run_dir: Path) -> int | None:
         args = [a.decode(errors="replace") for a in argv if a]
         if "run" not in args or not any("gpufleet" in a for a in args):
             continue
+        value = "runs/default"  # gpufleet run's default --run-dir
         for i, a in enumerate(args):
-            value = a.split("=", 1)[1] if a.startswith("--run-dir=") else (
-                args[i + 1] if a == "--run-dir" and i + 1 < len(args) else None)  # fmt: skip
-            if value is not None:
-                cwd = Path(os.readlink(f"/proc/{ppid}/cwd"))
-                if (cwd / value).resolve() == want:
-                    return ppid
+            if a.startswith("--run-dir="):
+                value = a.split("=", 1)[1]
+            elif a == "--run-dir" and i + 1 < len(args):
+                value = args[i + 1]
+        try:
+            cwd = Path(os.readlink(f"/proc/{ppid}/cwd"))
+        except OSError:
+            continue
+        if (cwd / value).resolve() == want:
+            return ppid
     return None
 
 
