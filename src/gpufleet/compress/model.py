@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,6 +97,18 @@ def plain_copy(model: Any) -> Any:
     return fresh
 
 
+def _quiet_gguf_bar() -> None:
+    """transformers' GGUF dequantization progress bar ignores its own progress-bar switch."""
+    import functools
+
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+        from tqdm.auto import tqdm
+    except ImportError:
+        return
+    gguf_utils.tqdm = functools.partial(tqdm, disable=True)
+
+
 def load(path: str | Path | None = None) -> Loaded:
     """Load ``path`` (a ``.gguf`` file or a HF model directory; None: SmolLM2-135M) as plain fp32."""
     import torch
@@ -117,15 +128,8 @@ def load(path: str | Path | None = None) -> Loaded:
 
         kw = {"gguf_file": p.name}
         tok = AutoTokenizer.from_pretrained(str(p.parent), **kw)
-        saved = os.environ.get("TQDM_DISABLE")
-        os.environ["TQDM_DISABLE"] = "1"  # transformers' GGUF dequantization bar ignores its own switch
-        try:
-            raw = AutoModelForCausalLM.from_pretrained(str(p.parent), dtype=torch.float32, **kw)
-        finally:
-            if saved is None:
-                os.environ.pop("TQDM_DISABLE", None)
-            else:
-                os.environ["TQDM_DISABLE"] = saved
+        _quiet_gguf_bar()
+        raw = AutoModelForCausalLM.from_pretrained(str(p.parent), dtype=torch.float32, **kw)
         model = plain_copy(raw)
         return Loaded(model=model, tokenizer=tok, source=str(p))
     cfg_file = p / "config.json"
