@@ -93,8 +93,15 @@ def choose(
             m, reason = verify_dir(p, cfg.io_threads)
             return m, reason, None
 
-    local = {m.step: p for p, m in list_committed(ctx.root)}
-    memory = {m.step: p for p, m in list_committed(ctx.memory)} if ctx.memory is not None else {}
+    on_disk = {m.step: (p, m) for p, m in list_committed(ctx.root)}
+    local = {step: p for step, (p, _) in on_disk.items()}
+    # A memory copy stands for a disk commit with the same checksums; steps moved away or deleted
+    # on disk (an abandoned trajectory, a run directory started over) are never restored from memory.
+    memory = {
+        m.step: p
+        for p, m in (list_committed(ctx.memory) if ctx.memory is not None else [])
+        if m.step in on_disk and on_disk[m.step][1].files == m.files
+    }
     remote_steps = remote.list_steps(cfg) if cfg.upload_url else {}
     for step in sorted(set(local) | set(remote_steps) | set(memory), reverse=True):
         if max_step is not None and step > max_step:

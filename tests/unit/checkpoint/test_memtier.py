@@ -201,3 +201,22 @@ def test_memory_tier_off_by_default_touches_no_memory(tmp_path: Path) -> None:
     assert sink.of(E.CkptMemory.kind) == [] and eng.load(blank()).source == "local"
     with pytest.raises(ConfigError, match="memory_bytes"):
         CheckpointConfig(dir="x", memory_bytes=-1)
+
+
+def test_memory_copy_without_its_disk_commit_is_never_restored(tmp_path: Path) -> None:
+    eng = engine(tmp_path, 4 << 20)
+    for s in (1, 2):
+        assert eng.save(s, state(s))
+        eng.wait()
+    # A skip rollback moves step 2 to checkpoints/abandoned/: its memory copy must not come back.
+    abandoned = tmp_path / "ck" / "abandoned"
+    abandoned.mkdir()
+    (tmp_path / "ck" / "step_00000002").rename(abandoned / "step_00000002.rollback1")
+    out = blank()
+    res = engine(tmp_path, 4 << 20).load(out)
+    assert res is not None and res.step == 1 and res.source == "memory"
+    assert torch.equal(out["model"]["w"], state(1)["model"]["w"])
+    # A run directory started over: no disk commits, stale memory copies are ignored.
+    for p in (tmp_path / "ck").glob("step_*"):
+        (p / "manifest.json").unlink()
+    assert engine(tmp_path, 4 << 20).load(blank()) is None
