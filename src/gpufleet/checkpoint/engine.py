@@ -12,6 +12,7 @@ import copy
 import os
 import shutil
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -107,6 +108,7 @@ class CheckpointEngine:
         # The in-memory tier (memtier.py): rank 0 copies each commit into this node's keeper.
         self._memory: Path | None = None
         self._keeper: MemoryKeeper | None = None
+        self._memory_warned = False
         if config.memory_bytes > 0:
             self._memory = Path(config.memory_dir) if config.memory_dir else keeper_dir(config.dir)
             if rank == 0:
@@ -288,6 +290,11 @@ class CheckpointEngine:
                 reason=r.reason if not r.kept else "no peer replica: all ranks run on this node",
             )
         )
+        if not r.kept and not self._memory_warned:  # the ledger has every case; the console, the first
+            self._memory_warned = True
+            print(
+                f"gpufleet: warning: step {step} not kept in memory: {r.reason}", file=sys.stderr, flush=True
+            )
 
     def _commit(self, job: _Job, writer: SummingWriter, tmp: Path, final: Path) -> dict[str, FileEntry]:
         files = {name: FileEntry(size, digest) for name, (size, digest) in writer.file_sums.items()}

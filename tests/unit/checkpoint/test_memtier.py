@@ -181,11 +181,12 @@ def test_engine_restores_from_memory_first_then_disk_when_the_copy_is_corrupt(tm
     assert torch.equal(out["model"]["w"], state(2)["model"]["w"])
 
 
-def test_engine_over_budget_says_so_and_saves_go_on(tmp_path: Path) -> None:
+def test_engine_over_budget_says_so_and_saves_go_on(tmp_path: Path, capfd) -> None:
     sink = Sink(tmp_path / "l1")
     eng = engine(tmp_path, 100_000, sink)  # a checkpoint is ~1 MB
     assert eng.save(1, state(1))
     eng.wait()
+    assert "warning: step 1 not kept in memory" in capfd.readouterr().err
     (m,) = sink.of(E.CkptMemory.kind)
     assert not m["kept"] and m["bytes"] > m["budget_bytes"] == 100_000 and "larger than" in m["reason"]
     assert len(sink.of(E.CKPT_COMMITTED)) == 1
