@@ -9,8 +9,11 @@ attempt fails, the backend records ``node_lost``, cordons and taints the node th
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -92,9 +95,6 @@ def test_lost_node_is_recorded_cordoned_and_avoided(tmp_path, monkeypatch):
 def test_submit_creates_the_runs_objects_through_the_client(tmp_path):
     """`gpufleet run --backend k8s` (no --dry-run) creates every object but attempt 0's worker Job (the
     supervisor creates that one), in kubectl.txt's order, against the fake server via a kubeconfig."""
-    import os
-    import subprocess
-
     from k8s_fake import write_kubeconfig
 
     cluster = FakeCluster()
@@ -132,5 +132,74 @@ def test_submit_creates_the_runs_objects_through_the_client(tmp_path):
         written = {json.loads(q.read_text())["metadata"]["name"] + "/" + json.loads(q.read_text())["kind"]
                    for q in (tmp_path / "run" / "k8s").glob("*.json")}  # fmt: skip
         assert {f"{n}/{k}" for _, k, n in made} == written - {"llama-a0/Job"}
+    finally:
+        cluster.close()
+
+
+TOY = str(Path(__file__).parent / "scripts" / "toy_train.py")
+
+
+def supervise(run_dir: Path, env: dict[str, str], *flags: str, sleep: float) -> subprocess.Popen[str]:
+    argv = [
+        sys.executable, "-m", "gpufleet.cli.main", "run", *flags, "--run-dir", str(run_dir),
+        "--checkpoint-every", "5", "--hang-timeout", "10", "--no-progress", "--no-standby",
+        "--", sys.executable, TOY, "--steps", "20", "--sleep", str(sleep),
+    ]  # fmt: skip
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def test_supervisor_in_a_fake_pod_survives_a_node_loss_bit_identical(tmp_path):
+    """`gpufleet run --backend k8s-jobs` (what the supervisor pod runs) trains 2 pods x 1 rank against
+    the fake cluster; one node dies mid-run; the next attempt runs on a replacement node, from the
+    newest verified checkpoint, and ends bit-identical to a plain 2-rank run."""
+    from k8s_fake import write_kubeconfig
+
+    from gpufleet.k8s.manifests import K8sJob
+
+    ref = tmp_path / "ref"
+    base = {**os.environ, "GPUFLEET_FLEET_DIR": str(tmp_path / "fleet")}
+    p = supervise(ref, base, "-n", "2", sleep=0.0)  # the reference: local backend, same world size
+    _, err = p.communicate(timeout=240)
+    assert p.returncode == 0, err[-3000:]
+
+    cluster = FakeCluster(nodes=3)
+    try:
+        run_dir = tmp_path / "run"
+        write_kubeconfig(tmp_path / "kubeconfig", cluster.url)
+        job = K8sJob(
+            name="toy", image="-", command=["-"], nodes=2, run_mount=str(run_dir),
+            event_port=free_port(), master_port=free_port(),
+        )  # fmt: skip
+        env = {**base, "KUBECONFIG": str(tmp_path / "kubeconfig"), "GPUFLEET_K8S_JOB": job.to_json()}
+        proc = supervise(run_dir, env, "--backend", "k8s-jobs", "--nodes", "2", "-n", "1", sleep=0.2)
+        try:
+            end = time.monotonic() + 120
+            while time.monotonic() < end and not (
+                (run_dir / "ledger.jsonl").exists()
+                and any(e["ev"] == "ckpt_committed" for e in read_events(run_dir))
+            ):
+                time.sleep(0.2)
+            assert cluster.lose_node("fake-node-1")
+            _, err = proc.communicate(timeout=240)
+            assert proc.returncode == 0, err[-3000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        evs = read_events(run_dir)
+        starts = [e for e in evs if e["ev"] == "attempt_start"]
+        assert [s["nodes"] for s in starts] == [
+            ["fake-node-0", "fake-node-1"],
+            ["fake-node-0", "fake-node-2"],
+        ]
+        assert [e["node"] for e in evs if e["ev"] == "node_lost"] == ["fake-node-1"]
+        restores = [e for e in evs if e["ev"] == "restore"]
+        assert restores[0]["fresh"] and restores[-1]["step"] > 0 and not restores[-1]["fresh"]
+        assert [e["status"] for e in evs if e["ev"] == "run_end"] == ["completed"]
+        assert [n for n, _ in cluster.patches] == ["fake-node-1"]  # cordoned, with gpufleet's reason
+        final = json.loads(
+            sorted(run_dir.glob("final-*.json"), key=lambda q: q.stat().st_mtime)[-1].read_text()
+        )
+        reference = json.loads(next(ref.glob("final-*.json")).read_text())
+        assert final["sha256"] == reference["sha256"]
     finally:
         cluster.close()

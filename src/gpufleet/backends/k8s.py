@@ -94,6 +94,7 @@ def agent_main() -> int:
         spec.log_dir = os.path.join(spec.env[Env.RUN_DIR], "logs")
     node = os.environ.get(Env.NODE) or socket.gethostname()
     sock = _connect(address, read_env(Env.AGENT_GRACE, float, 5.0) * 60)
+    sock.settimeout(None)  # blocking from here: the channel is quiet for as long as training needs
     sock.sendall(f"{token} {spec.node_rank} {node}\n".encode())
     os.dup2(sock.fileno(), 1)
     threading.Thread(target=_control, args=(sock,), daemon=True).start()
