@@ -110,13 +110,9 @@ def _quiet_gguf_bar() -> None:
 
 
 def load(path: str | Path | None = None) -> Loaded:
-    """Load ``path`` (a ``.gguf`` file or a HF model directory; None: SmolLM2-135M) as plain fp32."""
-    import torch
-    from transformers import AutoTokenizer
-    from transformers.utils import logging as hf_logging
+    """Load ``path`` (a ``.gguf`` file or a HF model directory; None: SmolLM2-135M) as plain fp32.
 
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+    The input is checked (exists, format, architecture) before torch and transformers load."""
     p = Path(path) if path is not None else default_model_path()
     if not p.exists():
         raise UsageError(f"model not found: {p}")
@@ -124,6 +120,18 @@ def load(path: str | Path | None = None) -> Loaded:
         if p.suffix != ".gguf":
             raise UsageError(f"{p}: expected a .gguf file or a Hugging Face model directory")
         _check_arch(_gguf_arch(p), p)
+    else:
+        cfg_file = p / "config.json"
+        if not cfg_file.is_file():
+            raise UsageError(f"{p}: no config.json (not a Hugging Face model directory)")
+        _check_arch(json.loads(cfg_file.read_text()).get("model_type", "?"), p)
+    import torch
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    if p.is_file():
         from transformers import AutoModelForCausalLM
 
         kw = {"gguf_file": p.name}
@@ -132,11 +140,6 @@ def load(path: str | Path | None = None) -> Loaded:
         raw = AutoModelForCausalLM.from_pretrained(str(p.parent), dtype=torch.float32, **kw)
         model = plain_copy(raw)
         return Loaded(model=model, tokenizer=tok, source=str(p))
-    cfg_file = p / "config.json"
-    if not cfg_file.is_file():
-        raise UsageError(f"{p}: no config.json (not a Hugging Face model directory)")
-    arch = json.loads(cfg_file.read_text()).get("model_type", "?")
-    _check_arch(arch, p)
     from transformers import LlamaForCausalLM
 
     try:
