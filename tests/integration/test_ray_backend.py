@@ -177,7 +177,7 @@ TRAINER = str(Path(__file__).parent / "scripts" / "ray_trainer.py")
 
 @pytest.mark.skipif(
     not os.environ.get("GPUFLEET_TEST_RAY_TRAIN"),
-    reason="opt-in (GPUFLEET_TEST_RAY_TRAIN=1): two Ray Train worker groups take ~60 s on the 2-core CI box",
+    reason="opt-in (GPUFLEET_TEST_RAY_TRAIN=1): two Ray Train worker groups take 60-80 s on 2 cores",
 )
 def test_torchtrainer_loop_resumes_from_gpufleets_verified_checkpoint(tmp_path):
     """gpufleet.ray in a Ray Train TorchTrainer: rank 1 dies at step 12, Ray Train restarts the group
