@@ -93,6 +93,8 @@ class K8sJob:
     """The supervisor's event-channel port."""
     master_port: int = MASTER_PORT
     """torch.distributed's rendezvous port on pod 0."""
+    agent_grace_s: float = 5.0
+    """How long a node agent gives its ranks between SIGTERM and SIGKILL."""
 
     def __post_init__(self) -> None:
         if not _DNS_LABEL.match(self.name):
@@ -339,7 +341,7 @@ def worker_job(
                                     "name": "GPUFLEET_K8S_CHANNEL",
                                     "value": f"{job.name}-supervisor:{job.event_port} {token}",
                                 },
-                                {"name": "GPUFLEET_AGENT_GRACE", "value": "5"},
+                                {"name": "GPUFLEET_AGENT_GRACE", "value": f"{job.agent_grace_s:g}"},
                                 {
                                     "name": "GPUFLEET_NODE",
                                     "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}},
