@@ -242,6 +242,8 @@ def phase_serve(work: Path, slo: str, workload: str, duration: int, max_rate: fl
                     str(out),
                     "--no-progress",
                     "--no-plot",
+                    "--max-lag-ms",
+                    "250",
                 ],
                 capture_output=True,
                 text=True,
