@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ray_helpers import ray_address, requires_ray
 from slurm_helpers import requires_slurm
 
 from gpufleet.backends import BACKENDS as REGISTERED
@@ -91,10 +92,34 @@ def srun_backend(request: pytest.FixtureRequest) -> tuple[Backend, int]:
     return SrunBackend(nodes=2, nodelist=nodes, agent_grace_s=1.0), 1
 
 
+def ray_backend(request: pytest.FixtureRequest) -> tuple[Backend, int]:
+    from gpufleet.backends.ray import RayBackend
+
+    return RayBackend(address=ray_address(), nodes=2, agent_grace_s=1.0), 1
+
+
+def k8s_jobs_backend(request: pytest.FixtureRequest) -> tuple[Backend, int]:
+    """The in-cluster backend against a fake API server whose kubelet runs pods as local processes."""
+    pytest.importorskip("kubernetes")
+    from k8s_fake import FakeCluster
+
+    from gpufleet.backends.k8s import K8sJobsBackend
+    from gpufleet.k8s.manifests import K8sJob
+
+    cluster = FakeCluster()
+    request.addfinalizer(cluster.close)
+    run_dir = str(request.getfixturevalue("tmp_path") / "run")
+    job = K8sJob(name="conf", image="-", command=["-"], nodes=2, run_mount=run_dir, event_port=free_port())
+    job.agent_grace_s = 1.0  # as the other multi-node cases: a stubborn rank is killed after 1 s
+    return K8sJobsBackend(job_json=job.to_json(), poll_s=0.2, clients=cluster.clients()), 1
+
+
 BACKENDS = [
     pytest.param(lambda request: (LocalBackend(standby=False), 2), id="local"),
     pytest.param(lambda request: (LocalBackend(standby=True), 2), id="local-standby"),
     pytest.param(srun_backend, id="srun", marks=requires_slurm),
+    pytest.param(ray_backend, id="ray", marks=requires_ray),
+    pytest.param(k8s_jobs_backend, id="k8s-jobs"),
 ]
 
 

@@ -29,6 +29,8 @@ __all__ = [
 _REGISTRY = {  # name -> "module:class", imported only when asked for
     "local": "gpufleet.backends.local:LocalBackend",
     "srun": "gpufleet.backends.srun:SrunBackend",
+    "ray": "gpufleet.backends.ray:RayBackend",
+    "k8s-jobs": "gpufleet.backends.k8s:K8sJobsBackend",  # the supervisor inside a Kubernetes pod
 }
 BACKENDS = tuple(_REGISTRY)
 

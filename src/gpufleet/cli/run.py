@@ -6,6 +6,7 @@ the Slurm submission -> one summary line. A bad value is one line on stderr and 
 
 from __future__ import annotations
 
+import atexit
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
+    from gpufleet.observe.exporter import Listen
     from gpufleet.train.settings import SupervisorConfig
     from gpufleet.train.supervisor import Outcome
 
@@ -62,6 +64,7 @@ class RunRequest:
 
     config: SupervisorConfig  # for --backend slurm: the supervisor that will run inside the job
     slurm: SlurmJob | None = None
+    metrics: Listen | None = None  # --metrics: serve this run's Prometheus metrics while it runs
 
     @classmethod
     def from_flags(cls, p: Mapping[str, Any], command: list[str], *, tty: bool) -> RunRequest:
@@ -71,8 +74,8 @@ class RunRequest:
         from gpufleet.train.settings import SupervisorConfig
 
         backend = p["backend"]
-        if backend != "slurm" and backend not in BACKENDS:
-            choices = ", ".join((*BACKENDS, "slurm"))
+        if backend not in ("slurm", "k8s") and backend not in BACKENDS:
+            choices = ", ".join((*BACKENDS, "slurm", "k8s"))
             raise UsageError(f"--backend {backend!r} is not a backend; valid backends: {choices}")
         slurm = None
         options: dict[str, Any] = {}
@@ -89,11 +92,14 @@ class RunRequest:
             )
         if backend in ("slurm", "srun"):
             options = {"nodes": p["nodes"], "min_nodes": p["min_nodes"]}
+        if backend == "ray":
+            options = {"address": p["address"], "nodes": p["nodes"], "min_nodes": p["min_nodes"]}
         config = SupervisorConfig(
             command=command,
             nproc=p["nproc_per_node"],
             run_dir=p["run_dir"],
-            backend="srun" if backend == "slurm" else backend,  # inside the job, the supervisor uses srun
+            # inside the job (pod), the supervisor uses srun (k8s-jobs)
+            backend={"slurm": "srun", "k8s": "k8s-jobs"}.get(backend, backend),
             max_restarts=p["max_restarts"],
             restart_window=p["restart_window"],
             max_no_progress=p["max_no_progress"],
@@ -107,6 +113,7 @@ class RunRequest:
             upload_url=p["upload"],
             s3_endpoint=p["s3_endpoint"],
             mtbf_s=p["mtbf"],
+            memory_tier=p["memory_tier"],
             standby=p["standby"],
             progress=tty if p["progress"] is None else p["progress"],
             backend_options=options,
@@ -114,7 +121,12 @@ class RunRequest:
             min_nproc=p["min_nproc"],
             slot_failures=p["slot_failures"],
         )
-        return cls(config=config, slurm=slurm)
+        metrics = None
+        if p.get("metrics") is not None:
+            from gpufleet.observe.exporter import parse_listen
+
+            metrics = parse_listen(p["metrics"])
+        return cls(config=config, slurm=slurm, metrics=metrics)
 
 
 def run_command(
@@ -126,7 +138,11 @@ def run_command(
         str, typer.Option(help="Run directory: ledger, checkpoints, logs, report.")
     ] = "runs/default",
     backend: Annotated[
-        str, typer.Option(help="Where workers run: local, slurm (submit a batch job), srun (inside one).")
+        str,
+        typer.Option(
+            help="Where workers run: local, slurm (submit a batch job), srun (inside one), "
+            "ray (--address; --nodes Ray nodes, same world size on fewer after a loss), k8s (--image)."
+        ),
     ] = "local",
     max_restarts: Annotated[
         int, typer.Option(help="Restarts allowed within --restart-window steps (exit 4 beyond).")
@@ -164,6 +180,14 @@ def run_command(
     mtbf: Annotated[
         float | None, typer.Option(help="Assumed MTBF in seconds (> 0) for --checkpoint-every auto.")
     ] = None,
+    memory_tier: Annotated[
+        str | None,
+        typer.Option(
+            metavar="SIZE",
+            help="Keep committed checkpoints in host memory too (/dev/shm), within SIZE (2GiB; 0: off); "
+            "restore tries memory before disk (docs/checkpoints.md).",
+        ),
+    ] = None,
     hang_timeout: Annotated[
         float, typer.Option(help="Floor of the auto-calibrated hang timeout, seconds.")
     ] = 60.0,
@@ -189,12 +213,20 @@ def run_command(
     progress: Annotated[
         bool | None, typer.Option(help="Live progress view (default: when stderr is a TTY).")
     ] = None,
-    nodes: Annotated[int | None, typer.Option(help="slurm/srun: nodes to train on.")] = None,
+    metrics: Annotated[
+        str | None,
+        typer.Option(
+            metavar="[ADDR:]PORT",
+            help="Serve this run's Prometheus metrics at http://ADDR:PORT/metrics while it runs "
+            "(ADDR defaults to 127.0.0.1; docs/observability.md).",
+        ),
+    ] = None,
+    nodes: Annotated[int | None, typer.Option(help="slurm/srun/ray: nodes to train on.")] = None,
     spare_nodes: Annotated[
         int, typer.Option(help="slurm: extra nodes allocated as hot spares for a lost node.")
     ] = 0,
     min_nodes: Annotated[
-        int | None, typer.Option(help="slurm/srun: keep training on fewer nodes down to this; else requeue.")
+        int | None, typer.Option(help="slurm/srun/ray: go on with fewer nodes down to this; else requeue.")
     ] = None,
     partition: Annotated[str | None, typer.Option(help="slurm: partition.")] = None,
     time_limit: Annotated[str | None, typer.Option("--time", help="slurm: time limit (HH:MM:SS).")] = None,
@@ -203,15 +235,39 @@ def run_command(
     ] = None,
     job_name: Annotated[str, typer.Option(help="slurm: job name.")] = "gpufleet",
     submit: Annotated[
-        bool, typer.Option("--submit/--dry-run", help="slurm: submit, or only write RUN_DIR/job.sbatch.")
+        bool,
+        typer.Option("--submit/--dry-run", help="slurm/k8s: submit, or only write RUN_DIR/job.sbatch (k8s/)"),
     ] = True,
+    address: Annotated[
+        str | None, typer.Option(help="ray: the cluster's address, HOST:PORT (default: $RAY_ADDRESS, auto).")
+    ] = None,
+    image: Annotated[str | None, typer.Option(help="k8s: image with gpufleet and the training code.")] = None,
+    namespace: Annotated[str, typer.Option(help="k8s: namespace of the run's objects.")] = "default",
+    run_claim: Annotated[
+        str | None, typer.Option(help="k8s: ReadWriteMany PVC for the run directory (else use --upload).")
+    ] = None,
 ) -> int:
     request = RunRequest.from_flags(ctx.params, list(ctx.args), tty=sys.stderr.isatty())
+    if backend == "k8s":
+        from gpufleet.backends.k8s import submit_command
+
+        return submit_command(request.config, ctx.params, _supervisor_flags(ctx))
     if request.slurm is not None:
         return _submit_slurm(request.config, request.slurm, _supervisor_flags(ctx))
     from gpufleet.train.supervisor import Supervisor
 
-    return _render(Supervisor(request.config).run())
+    if request.config.worker.memory_tier:  # the keeper outlives every worker, not the run
+        from gpufleet.checkpoint.memtier import release
+
+        cfg = request.config
+        atexit.register(release, cfg.worker.checkpoint_dir or f"{cfg.run_dir}/checkpoints")
+    if request.metrics is None:
+        return _render(Supervisor(request.config).run())
+    from gpufleet.observe.exporter import live
+
+    with live(request.config.run_dir, request.metrics) as exporter:  # reads the ledger at each scrape
+        print(f"gpufleet: serving metrics on {exporter.url}", file=sys.stderr, flush=True)
+        return _render(Supervisor(request.config).run())
 
 
 def _render(outcome: Outcome) -> int:
@@ -229,7 +285,7 @@ def _render(outcome: Outcome) -> int:
 # Options that describe the Slurm job itself, not the supervisor that runs inside it.
 _JOB_OPTIONS = {
     "nproc_per_node", "run_dir", "backend", "nodes", "spare_nodes", "min_nodes", "partition",
-    "time_limit", "exclude", "job_name", "submit", "progress",
+    "time_limit", "exclude", "job_name", "submit", "progress", "address", "image", "namespace", "run_claim",
 }
 
 

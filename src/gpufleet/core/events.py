@@ -87,6 +87,7 @@ __all__ = [
     "CkptVerified",
     "CkptFailed",
     "CkptSkipped",
+    "CkptMemory",
     "CkptDeleted",
     "Interval",
     # drills
@@ -172,6 +173,8 @@ class RollbackMode(enum.StrEnum):
 class RestoreSource(enum.StrEnum):
     """Where a restored checkpoint came from."""
 
+    MEMORY = "memory"  # this node's in-memory tier (docs/checkpoints.md, "Memory tier")
+    PEER_MEMORY = "peer_memory"  # another node's in-memory tier
     LOCAL = "local"
     S3 = "s3"
 
@@ -553,6 +556,23 @@ class CkptSkipped(Event):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class CkptMemory(Event):
+    """What the in-memory tier did with a committed checkpoint (rank 0's engine, ``--memory-tier``)."""
+
+    kind: ClassVar[str] = "ckpt_memory"
+    step: int  # the checkpoint's step
+    kept: bool  # a verified copy is now in host memory
+    bytes: int  # the checkpoint's size (files + manifest)
+    used_bytes: int  # bytes the tier holds after this
+    budget_bytes: int  # the configured budget
+    evicted: tuple[int, ...] = ()  # older steps dropped to make room
+    copy_s: float | None = None  # kept: copy + verify seconds
+    node: str | None = None  # the node whose memory holds it
+    peer: str | None = None  # the peer node holding a replica (None: none, see reason)
+    reason: str | None = None  # not kept: why; kept: a note (e.g. no peer on a single node)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class CkptDeleted(Event):
     """Retention deleted a checkpoint (rank 0's engine)."""
 
@@ -675,6 +695,53 @@ class SlurmActionFailed(Event):
     error: str  # the error
 
 
+class OperatorActionKind(enum.StrEnum):
+    """An action an operator asked for through ``gpufleet mcp --allow-actions``."""
+
+    DRAIN_NODE = "drain_node"
+    STOP_RUN = "stop_run"
+    START_HEALTH_CHECK = "start_health_check"
+
+
+class ActionResult(enum.StrEnum):
+    """What came of an operator action (``operator_action.result``)."""
+
+    DONE = "done"  # carried out
+    REFUSED = "refused"  # not allowed (not gpufleet's node, breaker open, run not running)
+    FAILED = "failed"  # tried, and it failed
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OperatorAction(Event):
+    """An action asked for through ``gpufleet mcp --allow-actions`` (fleet ledger): the audit trail."""
+
+    kind: ClassVar[str] = "operator_action"
+    action: OperatorActionKind  # what was asked
+    target: str  # the node or run it was asked for
+    requested_by: str  # who asked (the tool's ``requested_by`` argument)
+    result: ActionResult  # what came of it
+    via: str = "mcp"  # the interface it came through
+    client: str | None = None  # the MCP client's name, when it sent one
+    detail: str = ""  # what happened, in words
+
+
+class K8sActionKind(enum.StrEnum):
+    CORDON = "cordon"  # cordon + NoSchedule taint + owned annotation + reputation label
+    UNCORDON = "uncordon"  # all of that undone
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class K8sAction(Event):
+    """gpufleet isolated or returned a Kubernetes node, or declined to (fleet ledger, and the run's)."""
+
+    kind: ClassVar[str] = "k8s_action"
+    node: str  # the node
+    action: K8sActionKind  # what was asked
+    result: ActionResult  # done; refused (an admin's cordon, not ours, breaker open); failed (API error)
+    reason: str  # the owned reason set (done), or why not
+    check: str | None = None  # the check behind a cordon
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class UnknownEvent(Event):
     """A ledger line this reader could not type: an unknown kind (a newer writer, say) or fields that
@@ -714,6 +781,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         CkptVerified,
         CkptFailed,
         CkptSkipped,
+        CkptMemory,
         CkptDeleted,
         Interval,
         Inject,
@@ -723,6 +791,8 @@ EVENT_TYPES: dict[str, type[Event]] = {
         SlurmBreakerOpen,
         SlurmActionSkipped,
         SlurmActionFailed,
+        OperatorAction,
+        K8sAction,
     )
 }
 """Every event kind by its ``ev`` string."""
