@@ -14,6 +14,7 @@ import pytest
 
 from gpufleet.checkpoint.memtier import keeper_dir, release
 from gpufleet.core.ledger import read_events
+from support.toyrun import gpufleet_run
 
 pytestmark = pytest.mark.slow
 
@@ -22,27 +23,6 @@ GPUFLEET = [sys.executable, "-m", "gpufleet.cli.main"]
 BUDGET = 150_000  # toy_train's checkpoints weigh ~106 KB: one fits, each new one evicts the older
 
 
-def gpufleet_run(run_dir: Path, *flags: str, steps: int = 20) -> subprocess.CompletedProcess[str]:
-    cmd = [
-        *GPUFLEET,
-        "run",
-        "-n",
-        "2",
-        "--run-dir",
-        str(run_dir),
-        "--checkpoint-every",
-        "5",
-        "--hang-timeout",
-        "3",
-        "--no-progress",
-        *flags,
-        "--",
-        sys.executable,
-        SCRIPT,
-        "--steps",
-        str(steps),
-    ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=150)
 
 
 def final_sha(run_dir: Path) -> str:
@@ -56,10 +36,10 @@ def evs(run_dir: Path, name: str) -> list[dict]:
 
 
 def test_kill_9_restores_from_memory_bit_identical_within_budget(tmp_path: Path) -> None:
-    ref = gpufleet_run(tmp_path / "ref")
+    ref = gpufleet_run(tmp_path / "ref", steps=20)
     assert ref.returncode == 0, ref.stderr[-2000:]
     run = tmp_path / "mem"
-    p = gpufleet_run(run, "--memory-tier", str(BUDGET), "--inject", "kill:rank=1,step=12,settle=1")
+    p = gpufleet_run(run, "--memory-tier", str(BUDGET), "--inject", "kill:rank=1,step=12,settle=1", steps=20)
     assert p.returncode == 0, p.stderr[-3000:]
     assert [e["cause"] for e in evs(run, "failure")] == ["crash"]
     restores = evs(run, "restore")

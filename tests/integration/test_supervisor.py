@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.core.ledger import read_events
+from support.toyrun import gpufleet_run
 
 pytestmark = pytest.mark.slow
 
@@ -20,30 +21,6 @@ SCRIPT = str(Path(__file__).parent / "scripts" / "toy_train.py")
 GPUFLEET = [sys.executable, "-m", "gpufleet.cli.main"]
 
 
-def gpufleet_run(
-    run_dir: Path, *flags: str, steps: int = 40, timeout: float = 150, extra: tuple[str, ...] = ()
-):
-    cmd = [
-        *GPUFLEET,
-        "run",
-        "-n",
-        "2",
-        "--run-dir",
-        str(run_dir),
-        "--checkpoint-every",
-        "5",
-        "--hang-timeout",
-        "3",
-        "--no-progress",
-        *flags,
-        "--",
-        sys.executable,
-        SCRIPT,
-        "--steps",
-        str(steps),
-        *extra,
-    ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
 def final(run_dir: Path) -> dict:

@@ -305,14 +305,14 @@ class RayAttempt(Attempt):
         for n in self.nodes:
             try:
                 ray.kill(n.actor, no_restart=True)
-            except Exception:
+            except Exception:  # noqa: BLE001 - already dead, or its node is gone: nothing left to release
                 pass
         if self.pg is not None:
             from ray.util.placement_group import remove_placement_group
 
             try:
                 remove_placement_group(self.pg)
-            except Exception:
+            except Exception:  # noqa: BLE001 - cluster gone or group already removed: best-effort release
                 pass
 
     def close(self) -> None:

@@ -552,7 +552,7 @@ def build_server(cfg: McpConfig) -> "MCPServer":
                 args += ["--profile", profile]
             try:
                 rep = _cli(args, cfg.action_timeout_s)
-            except Exception as e:
+            except Exception as e:  # any failure is audited as FAILED, then re-raised to the MCP client
                 kind = E.OperatorActionKind.START_HEALTH_CHECK
                 _audit(fleet, kind, node, requested_by, E.ActionResult.FAILED,
                        str(e), _client_name(ctx))  # fmt: skip
