@@ -116,6 +116,7 @@ def test_health_sweep_quarantines_the_failing_node(tmp_path):
     import ray
 
     from gpufleet.backends import ray as R
+    from gpufleet.backends import ray_health as H
 
     fleet = tmp_path / "fleet"
     plan = tmp_path / "gpu.toml"
@@ -135,13 +136,13 @@ def test_health_sweep_quarantines_the_failing_node(tmp_path):
             "GPUFLEET_FAKE_NVML": str(tmp_path / "nvml-{node}.json"),
         }
         total = ray.cluster_resources()[R.RESOURCE]
-        results = R.health_sweep(str(plan), env=env, fleet=fleet)
+        results = H.health_sweep(str(plan), env=env, fleet=fleet, act=True)
         try:
             by = {h.node_id: h for h in results}
             assert set(by) == {bad, good}
             assert by[bad].exit_code == 1 and by[bad].quarantined
             assert by[good].exit_code == 0 and not by[good].quarantined
-            assert set(R.quarantined()) == {bad}
+            assert set(H.quarantined()) == {bad}
             # the node's resource is held: the cluster offers only the healthy node's units now
             wait_for(lambda: ray.available_resources().get(R.RESOURCE, 0) == total / 2, 60, "the hold")
             backend = R.RayBackend(address=ray_address(), nodes=1)
@@ -158,7 +159,7 @@ def test_health_sweep_quarantines_the_failing_node(tmp_path):
             assert placement_group_table(pg)["bundles_to_node_id"][0] == good
             remove_placement_group(pg)
         finally:
-            R.release(bad)
+            H.release(bad)
         wait_for(lambda: ray.available_resources().get(R.RESOURCE, 0) == total, 60, "the release")
         fleet_evs = read_events(fleet)
         assert {e["node"] for e in fleet_evs if e["ev"] == "health_result"} == {
@@ -167,6 +168,8 @@ def test_health_sweep_quarantines_the_failing_node(tmp_path):
         }
         states = [(e["node"], e["state"]) for e in fleet_evs if e["ev"] == "node_state"]
         assert states == [(R.node_name(bad), "suspect")]
+        audit = [(e["node"], e["action"], e["result"]) for e in fleet_evs if e["ev"] == "ray_action"]
+        assert audit == [(R.node_name(bad), "quarantine", "done")]  # the audit trail
     finally:
         if owned:
             ray.shutdown()

@@ -24,10 +24,8 @@ the next placement groups with a label selector on ``ray.io/node-id``. A node bl
 attempt had: with fewer nodes left, each runs more ranks (down to ``min_nodes``), so a resumed run
 ends bit-identical to an unfailed one.
 
-Health: :func:`health_sweep` runs ``gpufleet health check`` as one Ray task pinned to each node
-(hard node affinity), records the results in the fleet ledger and quarantines a failing node: a
-detached actor holds all of the node's ``gpufleet`` resource, so no new placement group lands there
-(:func:`quarantine`, :func:`release`). ``python -m gpufleet.backends.ray`` is the agent's entry.
+Health (``gpufleet health check`` as a Ray task per node, and quarantine) lives in
+:mod:`gpufleet.backends.ray_health`. ``python -m gpufleet.backends.ray`` is the agent's entry.
 
 Ray is imported lazily (the ``ray`` extra).
 """
@@ -41,7 +39,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,21 +55,19 @@ __all__ = [
     "RayBackend",
     "RayAttempt",
     "NodeAgent",
-    "NodeHealth",
-    "health_sweep",
-    "quarantine",
-    "release",
-    "quarantined",
+    "connect",
     "node_name",
+    "quarantined",
     "RESOURCE",
     "NAMESPACE",
     "LOST_CODE",
+    "QUARANTINE_PREFIX",
 ]
 
 RESOURCE = "gpufleet"  # the custom resource gpufleet's bundles ask for; a quarantine holds all of a node's
-NAMESPACE = "gpufleet"  # Ray namespace of the quarantine actors
+NAMESPACE = "gpufleet"  # Ray namespace of gpufleet's named actors (the quarantine holds)
 LOST_CODE = -9  # exit code of a worker whose actor died: it reads as killed
-_QUARANTINE = "gpufleet-quarantine-"
+QUARANTINE_PREFIX = "gpufleet-quarantine-"  # a quarantine hold's actor name: this + the node id
 _NODE_LABEL = "ray.io/node-id"
 
 
@@ -571,6 +567,17 @@ class RayBackend(Backend):
             self._owns_connection = False
 
 
+def quarantined() -> dict[str, str]:
+    """Node id -> hold actor name, for every node gpufleet quarantined (:mod:`.ray_health` holds and
+    releases them; placement leaves them out)."""
+    out = {}
+    for a in _ray().util.list_named_actors(all_namespaces=True):
+        name = a["name"] if isinstance(a, dict) else str(a)
+        if name.startswith(QUARANTINE_PREFIX):
+            out[name[len(QUARANTINE_PREFIX) :]] = name
+    return out
+
+
 def _probe() -> str:
     return str(_ray().get_runtime_context().get_node_id())
 
@@ -589,166 +596,6 @@ def _read_line(conn: socket.socket, timeout: float) -> str:
         return ""
     conn.settimeout(None)
     return buf.decode(errors="replace").strip()
-
-
-# --------------------------------------------------------------------------------- quarantine
-def quarantined() -> dict[str, str]:
-    """Node id -> quarantine actor name, for every node gpufleet holds out of placement."""
-    ray = _ray()
-    out = {}
-    for a in ray.util.list_named_actors(all_namespaces=True):
-        name = a["name"] if isinstance(a, dict) else str(a)
-        if name.startswith(_QUARANTINE):
-            out[name[len(_QUARANTINE) :]] = name
-    return out
-
-
-class _Hold:
-    """A detached actor that holds all of one node's ``gpufleet`` resource: placement avoids the node."""
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-        self.since = time.time()
-
-    def info(self) -> dict[str, Any]:
-        return {"reason": self.reason, "since": self.since}
-
-
-def quarantine(node_id: str, reason: str, resource: str = RESOURCE) -> bool:
-    """Hold ``node_id``'s whole ``resource`` with a detached actor; False if the node has none."""
-    ray = _ray()
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    if node_id in quarantined():
-        return True
-    total = next((n["Resources"].get(resource, 0) for n in ray.nodes() if n["NodeID"] == node_id), 0)
-    if not total:
-        return False
-    ray.remote(_Hold).options(
-        name=_QUARANTINE + node_id,
-        namespace=NAMESPACE,
-        lifetime="detached",
-        num_cpus=0,
-        resources={resource: total},
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-    ).remote(reason)
-    return True
-
-
-def release(node_id: str) -> bool:
-    """End ``node_id``'s quarantine (its resource is free again); False if it had none."""
-    ray = _ray()
-    name = quarantined().get(node_id)
-    if name is None:
-        return False
-    ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
-    return True
-
-
-# --------------------------------------------------------------------------------- health sweep
-@dataclass
-class NodeHealth:
-    """One node's `gpufleet health check` result from :func:`health_sweep`."""
-
-    node_id: str
-    node: str
-    exit_code: int  # the CLI's: 0 ok/warn, 1 fail, 3 incomplete only, 2 bad input
-    report: dict[str, Any] = field(default_factory=dict)  # the --json report
-    quarantined: bool = False
-    error: str = ""
-
-
-def _check_task(plan: str, node: str, env: dict[str, str]) -> tuple[int, str, str]:
-    """Body of the per-node task: `gpufleet health check --json`, not recorded on the node itself."""
-    argv = [sys.executable, "-m", "gpufleet.cli.main", "health", "check", "--plan", plan, "--json"]
-    argv += ["--node", node, "--no-record"]
-    p = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **env}, timeout=600)
-    return p.returncode, p.stdout, p.stderr[-2000:]
-
-
-def health_sweep(
-    plan: str = "quick",
-    *,
-    env: dict[str, str] | None = None,
-    resource: str = RESOURCE,
-    fleet: str | os.PathLike[str] | None = None,
-    act: bool = True,
-    timeout: float = 900.0,
-) -> list[NodeHealth]:
-    """Run ``plan`` once on every alive node that offers ``resource``, one Ray task pinned to each.
-
-    ``env``: extra environment for the check; ``{node}`` in a value becomes the node's name. Results go
-    to the fleet ledger (as `gpufleet health check` records them); with ``act``, a node that FAILs is
-    quarantined and marked ``suspect``, and a node gpufleet quarantined that passes again is released.
-    A circuit breaker (the Slurm one's rule) refuses to quarantine more than its fraction of nodes.
-    """
-    ray = _ray()
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    from gpufleet.health.nodes import fleet_dir, record_state
-
-    nodes = [n for n in ray.nodes() if n.get("Alive") and n["Resources"].get(resource, 0) > 0]
-    task = ray.remote(num_cpus=0)(_check_task)
-    refs = []
-    for n in nodes:
-        name = node_name(n["NodeID"])
-        node_env = {k: v.replace("{node}", name) for k, v in (env or {}).items()}
-        strategy = NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
-        refs.append(task.options(scheduling_strategy=strategy).remote(plan, name, node_env))
-    out: list[NodeHealth] = []
-    for n, ref in zip(nodes, refs, strict=True):
-        name = node_name(n["NodeID"])
-        try:
-            code, stdout, stderr = ray.get(ref, timeout=timeout)
-        except Exception as e:  # the task or its node died: no verdict, no action
-            out.append(NodeHealth(n["NodeID"], name, -1, error=f"{type(e).__name__}: {e}"[:500]))
-            continue
-        try:
-            report = json.loads(stdout)
-        except json.JSONDecodeError:
-            report = {}
-        out.append(NodeHealth(n["NodeID"], name, code, report, error="" if report else stderr))
-    _record_reports([h.report for h in out if h.report], fleet)
-    if act:
-        held = quarantined()
-        hits = {nid for nid in held}
-        for h in out:
-            if h.exit_code == 1:
-                hits.add(h.node_id)
-                failed = [r for r in h.report.get("results", []) if r.get("status") == "FAIL"]
-                detail = "; ".join(f"{r['check']}: {r.get('detail', '')}" for r in failed)[:300]
-                fraction = read_env(Env.BREAKER_FRACTION, float, 0.5)
-                if len(hits) / max(1, len(nodes)) > fraction:
-                    print(
-                        f"gpufleet: ALERT: circuit breaker open: {len(hits)}/{len(nodes)} Ray nodes failing; "
-                        f"not quarantining {h.node} ({detail})",
-                        file=sys.stderr,
-                    )
-                    hits.discard(h.node_id)
-                    continue
-                h.quarantined = quarantine(h.node_id, f"health {plan}: {detail}", resource)
-                record_state(
-                    h.node, "suspect", f"health {plan}: {detail}", check="ray-health", fleet=fleet_dir(fleet)
-                )
-            elif h.exit_code == 0 and h.node_id in held:
-                release(h.node_id)
-                record_state(
-                    h.node, "healthy", f"health {plan} passed; quarantine lifted", fleet=fleet_dir(fleet)
-                )
-    return out
-
-
-def _record_reports(reports: list[dict[str, Any]], fleet: str | os.PathLike[str] | None) -> None:
-    from gpufleet.health.results import CheckResult, Report, Status
-    from gpufleet.health.runner import record_report
-
-    for rep in reports:
-        try:
-            results = [CheckResult(**{**r, "status": Status(r["status"])}) for r in rep["results"]]
-            keys = ("node", "plan", "profile", "started", "duration_s", "valid_until", "not_applicable")
-            record_report(Report(results=results, **{k: rep[k] for k in keys}), fleet)
-        except (KeyError, TypeError, ValueError) as e:  # another gpufleet version's report: keep going
-            print(f"gpufleet: could not record a health report: {e}", file=sys.stderr)
 
 
 # ------------------------------------------------------------------------------ the agent entry
