@@ -3,11 +3,13 @@
 (1) `gpufleet run --backend ray --nodes 2` trains two ranks on two Ray nodes to the end; (2) one Ray
 node dies mid-run (its raylet, its actor, the agent and the rank, all SIGKILLed): the run finishes on
 the remaining node from the newest verified checkpoint, with the same world size, bit-identical to
-(1), the node recorded as lost and kept out of the next placement group; (3) the health sweep runs one
-task per node, and the node made to fail its check (a fake NVML recording, the health tests'
-process-boundary fake) loses its `gpufleet` resource, so new placement groups avoid it; (4) a node
-blamed twice in a row is excluded. The node-loss test runs last and leaves its node dead; the module
-starts with `.ci/ray.sh heal`, which restarts a missing worker node.
+(1), the node recorded as lost and kept out of the next placement group; (3) `gpufleet health sweep
+--backend ray` runs one task per node, and with --quarantine the node made to fail its check (a fake
+NVML recording, the health tests' process-boundary fake) loses its `gpufleet` resource, so new
+placement groups avoid it, until `gpufleet health release`; (4) a node blamed twice in a row is
+excluded; (5) gpufleet.ray in a Ray Train TorchTrainer resumes from gpufleet's verified checkpoint
+after a crash and after the spike guard fires. The node-loss test runs last and leaves its node dead;
+the module starts with `.ci/ray.sh heal`, which restarts a missing worker node.
 """
 
 from __future__ import annotations
@@ -112,11 +114,20 @@ def test_two_ray_nodes_train_to_the_end(reference):
     assert reference["final"]["steps"][-1] == STEPS - 1
 
 
-def test_health_sweep_quarantines_the_failing_node(tmp_path):
+def gpufleet_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "gpufleet.cli.main", *args]
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})}
+    )
+
+
+def test_health_sweep_cli_quarantines_the_failing_node_and_release_returns_it(tmp_path):
+    """`gpufleet health sweep --backend ray` runs the check as one Ray task per node; the node made to
+    fail (a fake NVML recording, the health tests' process-boundary fake, chosen per node through
+    --env and {node}) is held out of placement only with --quarantine; `health release` returns it."""
     import ray
 
     from gpufleet.backends import ray as R
-    from gpufleet.backends import ray_health as H
 
     fleet = tmp_path / "fleet"
     plan = tmp_path / "gpu.toml"
@@ -131,19 +142,35 @@ def test_health_sweep_quarantines_the_failing_node(tmp_path):
         bad, good = ids
         for nid, rec in ((bad, "nvml_h100_bad_gpu3.json"), (good, "nvml_h100_ok.json")):
             (tmp_path / f"nvml-{R.node_name(nid)}.json").write_text(data_path(rec).read_text())
-        env = {
-            "GPUFLEET_NVML_MODULE": FAKE_NVML_MODULE,
-            "GPUFLEET_FAKE_NVML": str(tmp_path / "nvml-{node}.json"),
-        }
+        sweep = [
+            "health", "sweep", "--backend", "ray", "--address", ray_address(), "--plan", str(plan),
+            "--fleet-dir", str(fleet), "--env", f"GPUFLEET_NVML_MODULE={FAKE_NVML_MODULE}",
+            "--env", f"GPUFLEET_FAKE_NVML={tmp_path}/nvml-{{node}}.json",
+        ]  # fmt: skip
         total = ray.cluster_resources()[R.RESOURCE]
-        results = H.health_sweep(str(plan), env=env, fleet=fleet, act=True)
+
+        # 1. without --quarantine: a report per node and the fleet ledger, but nothing changes
+        p = gpufleet_cli(*sweep)
+        assert p.returncode == 1, p.stderr[-2000:]  # a FAIL somewhere: health check's exit code
+        assert (
+            f"{R.node_name(bad)}: plan ray-gpu" in p.stdout
+            and f"{R.node_name(good)}: plan ray-gpu" in p.stdout
+        )
+        assert "Ray health sweep" in p.stdout and "FAIL" in p.stdout
+        assert R.quarantined() == {}
+        assert not [e for e in read_events(fleet) if e["ev"] in ("ray_action", "node_state")]
+
+        # 2. with --quarantine: the failing node's gpufleet resource is held
+        p = gpufleet_cli(*sweep, "--quarantine", "--json")
+        assert p.returncode == 1, p.stderr[-2000:]
+        by = {h["node_id"]: h for h in json.loads(p.stdout)}
+        assert set(by) == {bad, good}
+        assert (by[bad]["exit_code"], by[bad]["status"], by[bad]["quarantined"]) == (1, "FAIL", True)
+        assert (by[good]["exit_code"], by[good]["status"], by[good]["quarantined"]) == (0, "OK", False)
+        assert by[bad]["action"] == "quarantined" and by[good]["action"] == ""
         try:
-            by = {h.node_id: h for h in results}
-            assert set(by) == {bad, good}
-            assert by[bad].exit_code == 1 and by[bad].quarantined
-            assert by[good].exit_code == 0 and not by[good].quarantined
-            assert set(H.quarantined()) == {bad}
-            # the node's resource is held: the cluster offers only the healthy node's units now
+            assert set(R.quarantined()) == {bad}
+            # the cluster offers only the healthy node's units now
             wait_for(lambda: ray.available_resources().get(R.RESOURCE, 0) == total / 2, 60, "the hold")
             backend = R.RayBackend(address=ray_address(), nodes=1)
             assert backend.eligible() == [good]
@@ -158,18 +185,36 @@ def test_health_sweep_quarantines_the_failing_node(tmp_path):
             ray.get(pg.ready(), timeout=60)
             assert placement_group_table(pg)["bundles_to_node_id"][0] == good
             remove_placement_group(pg)
+
+            # 3. release by its ledger name: the resource is free again; a second release has nothing to do
+            p = gpufleet_cli("health", "release", R.node_name(bad), "--address", ray_address(),
+                             "--fleet-dir", str(fleet))  # fmt: skip
+            assert p.returncode == 0, p.stderr[-2000:]
+            assert R.quarantined() == {}
+            p = gpufleet_cli("health", "release", R.node_name(bad), "--address", ray_address(),
+                             "--fleet-dir", str(fleet))  # fmt: skip
+            assert p.returncode == 1 and "not quarantined" in p.stderr
         finally:
-            H.release(bad)
+            from gpufleet.backends import ray_health as H
+
+            H.release(bad)  # whatever failed above, never leave the hold behind for the next tests
         wait_for(lambda: ray.available_resources().get(R.RESOURCE, 0) == total, 60, "the release")
         fleet_evs = read_events(fleet)
-        assert {e["node"] for e in fleet_evs if e["ev"] == "health_result"} == {
-            R.node_name(bad),
-            R.node_name(good),
-        }
-        states = [(e["node"], e["state"]) for e in fleet_evs if e["ev"] == "node_state"]
-        assert states == [(R.node_name(bad), "suspect")]
+        checked = [e["node"] for e in fleet_evs if e["ev"] == "health_result"]
+        assert sorted(set(checked)) == sorted({R.node_name(bad), R.node_name(good)})
+        per_sweep = sum(len(h["report"]["results"]) for h in by.values())
+        assert len(checked) == 2 * per_sweep  # both sweeps recorded every node's every result
+        states = [(e["node"], e["state"], e["by"]) for e in fleet_evs if e["ev"] == "node_state"]
+        assert states == [
+            (R.node_name(bad), "suspect", "gpufleet"),
+            (R.node_name(bad), "in_service", "admin"),
+        ]
         audit = [(e["node"], e["action"], e["result"]) for e in fleet_evs if e["ev"] == "ray_action"]
-        assert audit == [(R.node_name(bad), "quarantine", "done")]  # the audit trail
+        assert audit == [
+            (R.node_name(bad), "quarantine", "done"),
+            (R.node_name(bad), "release", "done"),
+            (R.node_name(bad), "release", "refused"),
+        ]  # the audit trail
     finally:
         if owned:
             ray.shutdown()
