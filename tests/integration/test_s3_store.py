@@ -161,7 +161,7 @@ def test_missing_bucket_and_key_are_terminal(s3_server, s3_url: str, tmp_path: P
 
 # ----------------------------------------------------------------------------- parallel ranged GETs
 PART = 1 * MiB
-RANGED = {"multipart_threshold": 64 * MiB, "multipart_chunksize": PART}  # single PUTs, 1 MiB GET ranges
+RANGED = {"multipart_threshold": 64 * MiB, "range_size": PART}  # single PUTs, 1 MiB GET ranges
 
 
 def sized_checkpoint(root: Path) -> dict[str, bytes]:
@@ -226,7 +226,7 @@ def test_a_range_cut_mid_body_resumes_at_the_first_missing_byte(
         (src / rel).write_bytes(data)
     S3Store(s3_url, **FAST).upload_dir(src, "step_3")
     with FlakyProxy(s3_server.endpoint, error_rate=0.0, cut_rate=0.4, seed=3) as proxy:
-        store = S3Store(s3_url, proxy.endpoint, multipart_chunksize=4 * MiB, max_attempts=10, **FAST)
+        store = S3Store(s3_url, proxy.endpoint, range_size=4 * MiB, max_attempts=10, **FAST)
         store.download_dir("step_3", tmp_path / "dst")
         log = proxy.request_log()
     assert read_tree(tmp_path / "dst") == files
@@ -288,3 +288,33 @@ def test_local_write_error_is_terminal(s3_url: str, tmp_path: Path) -> None:
     (dst / "sub" / "dir").write_text("a file where a directory must go")
     with pytest.raises(TerminalStorageError, match="cannot create|local I/O"):
         store.download_dir("step_3", dst)
+
+
+def test_adaptive_plan_fetches_small_objects_whole_and_splits_large_ones(
+    s3_server, s3_url: str, tmp_path: Path
+) -> None:
+    """No range_size: about one range per worker's share, small objects in one GET each."""
+    from gpufleet.checkpoint.s3 import RANGE_MIN, plan_range_size
+
+    src = tmp_path / "src"
+    files = {
+        "big.bin": os.urandom(3 * RANGE_MIN + 5),
+        "small.bin": os.urandom(RANGE_MIN // 2),
+        "tiny.bin": b"t" * 100,
+        "manifest.json": b'{"step": 3}',
+    }
+    src.mkdir()
+    for rel, data in files.items():
+        (src / rel).write_bytes(data)
+    S3Store(s3_url, multipart_threshold=64 * MiB, **FAST).upload_dir(src, "step_3")
+    with FlakyProxy(s3_server.endpoint, error_rate=0.0) as proxy:
+        store = S3Store(s3_url, proxy.endpoint, max_concurrency=2, **FAST)
+        store.download_dir("step_3", tmp_path / "dst")
+        gets = range_gets(proxy.request_log())
+    assert read_tree(tmp_path / "dst") == files
+    step = plan_range_size(sum(len(v) for k, v in files.items() if k != "manifest.json"), 2)
+    assert step == 15 * MiB  # (28 MiB + 105 bytes) / 2 workers, rounded up to whole MiB
+    assert gets["small.bin"] == [f"bytes=0-{RANGE_MIN // 2 - 1}"]
+    assert gets["tiny.bin"] == ["bytes=0-99"]
+    size = len(files["big.bin"])
+    assert sorted(gets["big.bin"]) == [f"bytes=0-{step - 1}", f"bytes={step}-{size - 1}"]

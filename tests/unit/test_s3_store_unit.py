@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.checkpoint.s3 import S3Store, parse_s3_url
+from gpufleet.checkpoint.s3 import RANGE_MAX, RANGE_MIN, S3Store, parse_s3_url, plan_range_size
 from gpufleet.core.errors import RetryableStorageError, TerminalStorageError, UsageError
 
 
@@ -137,3 +137,27 @@ def test_empty_objects_are_created_without_a_request(store: S3Store, tmp_path: P
     stale.write_bytes(b"left over from an older download")
     store._fetch([_Job("run1/step_1/a.bin", tmp_path / "a.bin", 0), _Job("run1/step_1/b.bin", stale, 0)])
     assert (tmp_path / "a.bin").read_bytes() == b"" and stale.read_bytes() == b""
+
+
+MiB = 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    ("total", "workers", "want"),
+    [
+        (0, 8, RANGE_MIN),  # nothing or little to fetch: small objects go whole
+        (3 * MiB, 8, RANGE_MIN),
+        (252 * MiB, 8, 32 * MiB),  # the benchmark's 4 x 64 MiB: two ranges per object, 8 in all
+        (252 * MiB + 1, 8, 32 * MiB),  # a share rounds up to whole MiB
+        (256 * MiB + 1, 8, 33 * MiB),
+        (10 * 1024 * MiB, 8, RANGE_MAX),  # large checkpoints: ranges stay bounded (a retry's cost)
+        (100 * MiB, 0, RANGE_MAX),  # no workers given: one worker
+    ],
+)
+def test_adaptive_range_plan(total: int, workers: int, want: int) -> None:
+    assert plan_range_size(total, workers) == want
+
+
+def test_range_size_must_be_positive() -> None:
+    with pytest.raises(UsageError, match="range_size"):
+        S3Store("s3://bucket/x", "http://127.0.0.1:1", range_size=0)
