@@ -4,9 +4,10 @@ parameters, in one run directory:
 * ShortGPT: drop the lowest-Block-Influence layers, no healing;
 * Wanda: unstructured |W|*||X|| at the sparsity that zeroes 25% of the parameters (quality only);
 * random layer drop (the same number of layers as ShortGPT);
-* gpufleet's best: vocabulary trimmed to the domain + a depth x width search on domain loss
-  (``--method auto --vocab``), then healed by distillation from the dense teacher as a supervised
-  ``gpufleet compress heal`` run (``--heal-steps``; the CPU time it took is recorded).
+* gpufleet's best: vocabulary trimmed to the domain + a heads x depth x width search on domain loss
+  under a decoder-layer FLOPs cut (``--method auto --vocab --min-layer-flops-cut 0.2``), then
+  healed by distillation from the dense teacher as a supervised ``gpufleet compress heal`` run
+  (``--heal-steps``; the CPU time it took is recorded).
 
 Quality: perplexity per dense-tokenizer token on held-out files (domain: Python stdlib source;
 general: GNU info manuals), bf16 forward passes, selectivity = (general ratio - 1) / (domain ratio - 1).
@@ -41,7 +42,7 @@ VARIANTS = {  # name -> prune CLI flags
     "shortgpt": ["--method", "depth"],
     "wanda": ["--method", "wanda"],
     "random": ["--method", "random-depth", "--seed", "0"],
-    "best": ["--method", "auto", "--vocab"],
+    "best": ["--method", "auto", "--vocab", "--min-layer-flops-cut", "0.2"],
 }
 
 
@@ -80,10 +81,12 @@ def dense_dir(work: Path) -> Path:
     return d
 
 
-def phase_prune(work: Path, target: float, tokens: int) -> None:
+def phase_prune(work: Path, target: float, tokens: int, variants: list[str]) -> None:
     dense = dense_dir(work)
-    recs = {}
-    for name, flags in VARIANTS.items():
+    cur = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    recs = dict(cur.get("prune", {}))  # variants not rerun keep their records
+    for name in variants:
+        flags = VARIANTS[name]
         load0 = os.getloadavg()[0]
         rec = _cli(
             "prune",
@@ -107,6 +110,7 @@ def phase_prune(work: Path, target: float, tokens: int) -> None:
 
 def phase_heal(work: Path, steps: int, batch: int, seq_len: int, lr: float) -> None:
     dense = dense_dir(work)
+    load0 = os.getloadavg()
     t0 = time.monotonic()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     p = subprocess.run(
@@ -150,18 +154,30 @@ def phase_heal(work: Path, steps: int, batch: int, seq_len: int, lr: float) -> N
                 "train_s": res["train_s"],
                 "kl_first": res["losses"][0][1],
                 "kl_last": res["losses"][-1][1],
+                "kl_last10_mean": round(
+                    sum(v for _, v in res["losses"][-10:]) / min(10, len(res["losses"])), 4
+                ),
+                "loadavg_start": load0,
                 "loadavg_end": os.getloadavg(),
             }
         }
     )
 
 
-def phase_eval(work: Path, tokens: int) -> None:
+def phase_eval(work: Path, tokens: int, names: list[str]) -> None:
+    """Evaluate ``names`` next to the dense model; their rows replace those of the same name in the
+    results (the dense row too: same text, same model, so the other rows stay comparable)."""
     dense = dense_dir(work)
-    models = [
-        str(work / n) for n in ("shortgpt", "wanda", "random", "best", "best-healed") if (work / n).is_dir()
-    ]
+    models = [str(work / n) for n in names if (work / n).is_dir()]
+    load0 = os.getloadavg()
     res = _cli("eval", *models, "--dense", str(dense), "--tokens", str(tokens), "-o", str(work / "eval"))
+    cur = json.loads(RESULTS.read_text()).get("eval", {}) if RESULTS.is_file() else {}
+    if cur.get("tokens") == tokens:
+        new = {r["model"] for r in res["rows"]}
+        res["rows"] = [r for r in cur.get("rows", []) if r["model"] not in new] + res["rows"]
+        order = ["dense", "shortgpt", "wanda", "random", "best", "best-healed"]
+        res["rows"].sort(key=lambda r: order.index(r["model"]) if r["model"] in order else len(order))
+    res["loadavg_start"] = load0
     _merge({"eval": res})
 
 
@@ -352,6 +368,10 @@ def main() -> None:
     )
     ap.add_argument("--target", type=float, default=0.75)
     ap.add_argument("--calib-tokens", type=int, default=8192)
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="prune phase: which variants")
+    ap.add_argument(
+        "--eval-models", default="shortgpt,wanda,random,best,best-healed", help="eval phase: which models"
+    )
     ap.add_argument("--heal-steps", type=int, default=100)
     ap.add_argument("--heal-batch", type=int, default=4)
     ap.add_argument("--heal-seq-len", type=int, default=256)
@@ -368,11 +388,11 @@ def main() -> None:
         print(report())
         return
     if a.phase in ("prune", "all"):
-        phase_prune(a.work, a.target, a.calib_tokens)
+        phase_prune(a.work, a.target, a.calib_tokens, a.variants.split(","))
     if a.phase in ("heal", "all"):
         phase_heal(a.work, a.heal_steps, a.heal_batch, a.heal_seq_len, a.heal_lr)
     if a.phase in ("eval", "all"):
-        phase_eval(a.work, a.eval_tokens)
+        phase_eval(a.work, a.eval_tokens, a.eval_models.split(","))
     if a.phase in ("speed", "all"):
         phase_speed(a.work, a.speed_rounds)
     if a.phase in ("serve", "all"):

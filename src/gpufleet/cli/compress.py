@@ -96,9 +96,31 @@ def prune_cmd(
     vocab: Annotated[
         bool, typer.Option("--vocab/--no-vocab", help="Also drop tokens the domain never uses.")
     ] = False,
+    vocab_tokens: Annotated[
+        int, typer.Option(help="With --vocab: domain train tokens scanned for the tokens to keep.")
+    ] = 4_000_000,
     heads_per_group: Annotated[
-        int | None, typer.Option(help="Keep this many query heads per KV group.")
+        int | None,
+        typer.Option(help="Keep this many query heads per KV group (auto also tries one fewer by default)."),
     ] = None,
+    channel_score: Annotated[
+        str,
+        typer.Option(
+            help="MLP channel ranking: out (activation RMS x down_proj column norm) | act (mean "
+            "|activation|)."
+        ),
+    ] = "out",
+    min_layer_flops_cut: Annotated[
+        float,
+        typer.Option(
+            help="Also cut the decoder layers' FLOPs per token by at least this fraction, in [0, 1) "
+            "(prefill speed; a vocabulary trim alone does not reach it). The parameters may land below "
+            "--target."
+        ),
+    ] = 0.0,
+    flops_context: Annotated[
+        int, typer.Option(help="Prompt length at which layer FLOPs are counted (attention grows with it).")
+    ] = 256,
     seed: Annotated[int, typer.Option(help="Seed of the random baseline.")] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="Print the record as JSON.")] = False,
     fp32: Annotated[
@@ -106,7 +128,7 @@ def prune_cmd(
     ] = False,
 ) -> None:
     """Prune to --target of the parameters using domain importance; write a plain HF model."""
-    from gpufleet.compress.config import Method, PruneConfig
+    from gpufleet.compress.config import ChannelScore, Method, PruneConfig
     from gpufleet.compress.pipeline import prune
 
     try:
@@ -114,6 +136,13 @@ def prune_cmd(
     except ValueError:
         raise UsageError(
             f"--method must be one of {', '.join(x.value for x in Method)}, got {method!r}"
+        ) from None
+    try:
+        score = ChannelScore(channel_score)
+    except ValueError:
+        raise UsageError(
+            f"--channel-score must be one of {', '.join(x.value for x in ChannelScore)}, "
+            f"got {channel_score!r}"
         ) from None
     cfg = PruneConfig(
         model=model,
@@ -123,7 +152,11 @@ def prune_cmd(
         domain=domain,
         tokens=tokens,
         vocab=vocab,
+        vocab_tokens=vocab_tokens,
         heads_per_group=heads_per_group,
+        channel_score=score,
+        min_layer_flops_cut=min_layer_flops_cut,
+        flops_context=flops_context,
         seed=seed,
         bf16=not fp32,
     )
@@ -132,7 +165,7 @@ def prune_cmd(
         return
     typer.echo(
         f"{res['method']}: {res['params']:,} of {res['dense_params']:,} parameters ({res['ratio']:.1%}), "
-        f"config {res['config']}, wrote {out}"
+        f"layer FLOPs {res['layer_flops_ratio']:.1%}, config {res['config']}, wrote {out}"
     )
 
 

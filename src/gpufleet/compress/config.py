@@ -8,7 +8,7 @@ from pathlib import Path
 
 from gpufleet.core.errors import UsageError
 
-__all__ = ["Method", "AnalyzeConfig", "PruneConfig", "EvalConfig", "HealConfig"]
+__all__ = ["Method", "ChannelScore", "AnalyzeConfig", "PruneConfig", "EvalConfig", "HealConfig"]
 
 
 class Method(StrEnum):
@@ -19,6 +19,13 @@ class Method(StrEnum):
     AUTO = "auto"  # search depth x width mixes, keep the best domain loss on calibration text
     RANDOM_DEPTH = "random-depth"  # baseline: drop random layers
     WANDA = "wanda"  # baseline: unstructured |W|*||X|| (quality only, no speed-up)
+
+
+class ChannelScore(StrEnum):
+    """How MLP channels are ranked for width pruning."""
+
+    OUT = "out"  # RMS activation x L2 norm of the down_proj column: what the channel adds to the residual
+    ACT = "act"  # mean |activation| at the down_proj input (Minitron)
 
 
 def _target(t: float) -> None:
@@ -70,10 +77,22 @@ class PruneConfig:
     """Tokens per calibration sequence."""
     vocab: bool = False
     """Also drop the tokens the domain never uses (embedding, LM head and tokenizer)."""
-    vocab_tokens: int = 1_000_000
-    """Domain tokens scanned to decide which tokens are used."""
+    vocab_tokens: int = 4_000_000
+    """Domain tokens scanned to decide which tokens are used (the first ones of the train split; the
+    built-in python-stdlib train split is about 2.6 M tokens, so all of it)."""
     heads_per_group: int | None = None
-    """Keep this many query heads in each key/value group (None: heads untouched)."""
+    """Keep this many query heads in each key/value group (None: heads untouched, except that the
+    ``auto`` search also tries one query head fewer per group)."""
+    channel_score: ChannelScore = ChannelScore.OUT
+    """How MLP channels are ranked (``out``: activation RMS x down_proj column norm; ``act``: mean
+    |activation|)."""
+    min_layer_flops_cut: float = 0.0
+    """Cut the decoder layers' forward FLOPs per token by at least this fraction (0: no constraint).
+    Prefill spends its time there, while the vocabulary only costs the last token's logits: a compute
+    target that a parameter target met by trimming the vocabulary would not reach. Structured methods
+    meet both; the parameters may then land below ``target``."""
+    flops_context: int = 256
+    """Prompt length at which layer FLOPs are counted (attention grows with the context)."""
     seed: int = 0
     """Seed of the random baseline."""
 
@@ -84,8 +103,14 @@ class PruneConfig:
         _target(self.target)
         _positive("--tokens", self.tokens)
         _positive("--seq-len", self.seq_len)
+        _positive("--vocab-tokens", self.vocab_tokens)
+        _positive("--flops-context", self.flops_context)
         if self.method in (Method.RANDOM_DEPTH, Method.WANDA) and self.vocab:
             raise UsageError(f"--vocab is not combined with the {self.method} baseline")
+        if not 0.0 <= self.min_layer_flops_cut < 1.0:
+            raise UsageError(f"--min-layer-flops-cut must be in [0, 1), got {self.min_layer_flops_cut}")
+        if self.method == Method.WANDA and self.min_layer_flops_cut > 0:
+            raise UsageError("--min-layer-flops-cut needs a structured method (wanda removes no FLOPs)")
 
 
 @dataclass(kw_only=True, slots=True)

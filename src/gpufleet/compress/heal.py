@@ -28,6 +28,7 @@ from gpufleet.core.errors import UsageError
 __all__ = [
     "RunLike",
     "HealJob",
+    "pool_tokens",
     "check",
     "prepare",
     "train",
@@ -60,6 +61,13 @@ def config_from_json(text: str) -> HealConfig:
     for k in ("student", "out"):
         d[k] = Path(d[k])
     return HealConfig(**d)
+
+
+def pool_tokens(cfg: HealConfig) -> int:
+    """Domain tokens the batches are drawn from: twice the tokens of the first 64 steps for short runs,
+    and at least a batch of fresh tokens per step for long ones (batches sample the pool at random, so
+    a pool much smaller than what the run reads is seen many times over and over-fitted)."""
+    return cfg.seq_len * cfg.batch * max(min(cfg.steps, 64) * 2, cfg.steps)
 
 
 class HealJob:
@@ -95,7 +103,7 @@ class HealJob:
             model = get_peft_model(model, lcfg)
         model.train()
         self.student = model
-        need = cfg.seq_len * cfg.batch * min(cfg.steps, 64) * 2
+        need = pool_tokens(cfg)
         self.pool = corpus.chunks(corpus.tokens(self.tokenizer, cfg.domain, "train", need), cfg.seq_len)
         params = [p for p in model.parameters() if p.requires_grad]
         self.optim = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)

@@ -20,7 +20,7 @@ from gpufleet.compress.config import AnalyzeConfig, EvalConfig, Method, PruneCon
 from gpufleet.compress.model import Loaded, load, param_count
 from gpufleet.core.errors import UsageError
 
-__all__ = ["analyze", "prune", "evaluate", "export", "estimate_params", "Progress"]
+__all__ = ["analyze", "prune", "evaluate", "export", "estimate_params", "layer_flops", "Progress"]
 
 Progress = Callable[[str], None]
 
@@ -72,15 +72,50 @@ def estimate_params(cfg: Any) -> int:
 def _layer_params(cfg: Any, inter: int | None = None) -> int:
     h, n_q, n_kv = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
     hd = getattr(cfg, "head_dim", None) or h // n_q
-    return 2 * h + 2 * h * n_q * hd + 2 * h * n_kv * hd + 3 * h * (inter or cfg.intermediate_size)
+    width = cfg.intermediate_size if inter is None else inter
+    return 2 * h + 2 * h * n_q * hd + 2 * h * n_kv * hd + 3 * h * width
+
+
+def layer_flops(cfg: Any, *, context: int = 256, inter: int | None = None) -> float:
+    """Forward FLOPs per token of one decoder layer in a prefill of ``context`` tokens: 2 per weight
+    of the projections, plus the attention scores and the weighted sum of values, 2 x 2 x query heads
+    x head dim x the mean context ((context + 1) / 2). Norms, rotary and activations are left out."""
+    h, n_q, n_kv = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
+    hd = getattr(cfg, "head_dim", None) or h // n_q
+    width = cfg.intermediate_size if inter is None else inter
+    proj = 2 * h * n_q * hd + 2 * h * n_kv * hd + 3 * h * width
+    return 2.0 * proj + 4.0 * n_q * hd * (context + 1) / 2
 
 
 def _width_for(budget: int, fixed: int, n_layers: int, cfg: Any, multiple: int = 64) -> int:
     """Largest MLP width (a multiple of ``multiple``) with fixed + n_layers * layer(width) <= budget."""
-    base = _layer_params(cfg, inter=1) - 3 * cfg.hidden_size
+    base = _layer_params(cfg, inter=0)
     per_layer_room = (budget - fixed) / n_layers - base
     width = int(per_layer_room // (3 * cfg.hidden_size)) // multiple * multiple
     return max(0, min(width, cfg.intermediate_size))
+
+
+def _width_for_flops(cap: float, n_layers: int, cfg: Any, context: int, multiple: int = 64) -> int:
+    """Largest MLP width (a multiple of ``multiple``) with n_layers * layer_flops(width) <= cap."""
+    if math.isinf(cap):
+        return cfg.intermediate_size
+    room = cap / n_layers - layer_flops(cfg, context=context, inter=0)
+    width = int(room // (6 * cfg.hidden_size)) // multiple * multiple
+    return max(0, min(width, cfg.intermediate_size))
+
+
+def _fit_width(cfg: Any, n_layers: int, budget: int, fixed: int, cap: float, context: int) -> int:
+    """The widest uniform MLP that meets both the parameter budget and the layer-FLOPs cap."""
+    return min(_width_for(budget, fixed, n_layers, cfg), _width_for_flops(cap, n_layers, cfg, context))
+
+
+def _layers_to_drop(cfg: Any, budget: int, cap: float, context: int) -> int:
+    """Fewest whole layers to drop (at full width) to meet the parameter budget and the FLOPs cap."""
+    L = cfg.num_hidden_layers
+    k = max(0, math.ceil((estimate_params(cfg) - budget) / _layer_params(cfg)))
+    if not math.isinf(cap):
+        k = max(k, math.ceil(L - cap / layer_flops(cfg, context=context) - 1e-9))
+    return k
 
 
 def _domain_loss(model: Any, ids: Any) -> float:
@@ -125,6 +160,12 @@ def prune(cfg: PruneConfig, *, progress: Progress = _quiet) -> dict[str, Any]:
             raise UsageError("calibration tokens outside the scanned domain vocabulary; raise vocab_tokens")
         record["vocab"] = {"dense": len(loaded.tokenizer), "kept": len(kept_ids), "used_in_domain": len(used)}
     L = model.config.num_hidden_layers
+    ctx = cfg.flops_context
+    dense_flops = L * layer_flops(model.config, context=ctx)
+    cap = (1.0 - cfg.min_layer_flops_cut) * dense_flops if cfg.min_layer_flops_cut > 0 else math.inf
+    rep = model.config.num_attention_heads // model.config.num_key_value_heads
+    chan = importance.channel_scores(imp, model, str(cfg.channel_score))  # of the dense MLPs
+    record["channel_score"] = str(cfg.channel_score)
     if cfg.heads_per_group is not None:
         pr.prune_heads(model, imp.heads, cfg.heads_per_group)
         record["heads_per_group"] = cfg.heads_per_group
@@ -135,49 +176,29 @@ def prune(cfg: PruneConfig, *, progress: Progress = _quiet) -> dict[str, Any]:
         zeroed = pr.wanda(model, imp.input_norms, sparsity)
         record.update(sparsity=round(sparsity, 4), zeroed=zeroed, effective_params=dense_params - zeroed)
     elif cfg.method in (Method.DEPTH, Method.RANDOM_DEPTH):
-        per = _layer_params(model.config)
-        k = max(0, math.ceil((estimate_params(model.config) - budget) / per))
+        k = _layers_to_drop(model.config, budget, cap, ctx)
         if k >= L:
             raise UsageError(f"--target {cfg.target} leaves no layer")
         drop = pr.lowest(imp.layers, k) if cfg.method == Method.DEPTH else pr.random_layers(L, k, cfg.seed)
         pr.drop_layers(model, drop)
         record["dropped_layers"] = drop
     elif cfg.method == Method.WIDTH:
-        width = _width_for(budget, fixed, L, model.config)
+        width = _fit_width(model.config, L, budget, fixed, cap, ctx)
         if width <= 0:
             raise UsageError(f"--target {cfg.target} leaves no MLP width")
-        pr.shrink_mlp(model, imp.channels, width)
+        pr.shrink_mlp(model, chan, width)
         record["mlp_width"] = width
-    else:  # AUTO: a small search over depth x width, scored by domain loss on calibration text
-        score_ids = ids[: max(1, min(len(ids), 8))]
-        per = _layer_params(model.config)
-        k_max = max(0, math.ceil((estimate_params(model.config) - budget) / per))
-        tried = []
-        best: tuple[float, Any, dict[str, Any]] | None = None
-        for k in sorted({0, k_max // 4, k_max // 2, (3 * k_max) // 4, k_max}):
-            if k >= L:
-                continue
-            width = _width_for(budget, fixed, L - k, model.config)
-            if width < 64:
-                continue
-            cand = copy.deepcopy(model)
-            drop = pr.lowest(imp.layers, k)
-            keep_rows = [i for i in range(L) if i not in set(drop)]
-            pr.drop_layers(cand, drop) if k else None
-            if width < cand.config.intermediate_size:
-                pr.shrink_mlp(cand, imp.channels[keep_rows], width)
-            loss = _domain_loss(cand, score_ids)
-            choice = {"dropped_layers": drop, "mlp_width": width, "calib_loss": round(loss, 4)}
-            tried.append(choice)
-            progress(f"candidate: drop {k} layers, MLP width {width}: domain loss {loss:.3f}")
-            if best is None or loss < best[0]:
-                best = (loss, cand, choice)
-            else:
-                del cand
-        if best is None:
-            raise UsageError(f"--target {cfg.target}: no depth/width mix fits")
-        model = best[1]
-        record.update(best[2], candidates=tried)
+    else:  # AUTO: a small search over heads x depth x width, scored by domain loss on calibration text
+        model, choice = _search(
+            model, imp, chan, ids, cfg, budget=budget, fixed=fixed, cap=cap, rep=rep, progress=progress
+        )
+        record.update(choice)
+    if cfg.min_layer_flops_cut > 0:
+        record["min_layer_flops_cut"] = cfg.min_layer_flops_cut
+    record["flops_context"] = ctx
+    record["layer_flops_ratio"] = round(
+        model.config.num_hidden_layers * layer_flops(model.config, context=ctx) / dense_flops, 4
+    )
     record["params"] = param_count(model)
     record["ratio"] = round(record["params"] / dense_params, 4)
     record["prune_s"] = round(time.monotonic() - t0, 1)
@@ -198,6 +219,73 @@ def prune(cfg: PruneConfig, *, progress: Progress = _quiet) -> dict[str, Any]:
     ex.save_hf(model, tok, cfg.out, record)
     torch.set_grad_enabled(True)
     return record
+
+
+def _search(
+    model: Any,
+    imp: Any,
+    chan: Any,
+    ids: Any,
+    cfg: PruneConfig,
+    *,
+    budget: int,
+    fixed: int,
+    cap: float,
+    rep: int,
+    progress: Progress,
+) -> tuple[Any, dict[str, Any]]:
+    """``--method auto``: every mix of query heads per KV group (all, or one fewer when no
+    ``--heads-per-group`` is given), dropped layers (0, 1/4, 1/2, 3/4, all of those needed at full
+    width) and the widest MLP that then meets the parameter target and the layer-FLOPs cap; the mix
+    with the lowest domain loss on (part of) the calibration text wins."""
+    score_ids = ids[: max(1, min(len(ids), 8))]
+    L = model.config.num_hidden_layers
+    h, n_kv = model.config.hidden_size, model.config.num_key_value_heads
+    if cfg.heads_per_group is not None:
+        head_options = [cfg.heads_per_group]
+    else:  # one query head fewer per group, where transformers accepts the head count
+        head_options = [rep] + ([rep - 1] if rep > 1 and h % (n_kv * (rep - 1)) == 0 else [])
+    tried: list[dict[str, Any]] = []
+    best: tuple[float, Any, dict[str, Any]] | None = None
+    for hpg in head_options:
+        base = model
+        if hpg != (cfg.heads_per_group or rep):
+            base = copy.deepcopy(model)
+            pr.prune_heads(base, imp.heads, hpg)
+        k_max = _layers_to_drop(base.config, budget, cap, cfg.flops_context)
+        for k in sorted({0, k_max // 4, k_max // 2, (3 * k_max) // 4, k_max}):
+            if k >= L:
+                continue
+            width = _fit_width(base.config, L - k, budget, fixed, cap, cfg.flops_context)
+            if width < 64:
+                continue
+            cand = copy.deepcopy(base)
+            drop = pr.lowest(imp.layers, k)
+            keep_rows = [i for i in range(L) if i not in set(drop)]
+            if k:
+                pr.drop_layers(cand, drop)
+            if width < cand.config.intermediate_size:
+                pr.shrink_mlp(cand, chan[keep_rows], width)
+            loss = _domain_loss(cand, score_ids)
+            choice = {
+                "dropped_layers": drop,
+                "mlp_width": width,
+                "heads_per_group": hpg,
+                "calib_loss": round(loss, 4),
+                "candidate_params": param_count(cand),
+            }
+            tried.append(choice)
+            progress(
+                f"candidate: {hpg} query heads per group, drop {k} layers, MLP width {width}: "
+                f"domain loss {loss:.3f}"
+            )
+            if best is None or loss < best[0]:
+                best = (loss, cand, choice)
+            else:
+                del cand
+    if best is None:
+        raise UsageError(f"--target {cfg.target}: no depth/width mix fits")
+    return best[1], {**best[2], "candidates": tried}
 
 
 def _vocab_ids(path: Path) -> list[int] | None:

@@ -48,6 +48,20 @@ def test_target_outside_0_1(world, target):
     _one_line_exit_2(p, "--target must be a fraction")
 
 
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--min-layer-flops-cut", "1.5"], "--min-layer-flops-cut must be in [0, 1)"),
+        (["--method", "wanda", "--min-layer-flops-cut", "0.2"], "needs a structured method"),
+        (["--channel-score", "magnitude"], "--channel-score must be one of out, act"),
+    ],
+)
+def test_bad_compute_options(world, flags, needle):
+    _one_line_exit_2(
+        _run("prune", "--model", str(world["dense"]), "-o", str(world["root"] / "x"), *flags), needle
+    )
+
+
 def test_unsupported_architecture_hf_and_gguf(world, tmp_path):
     gpt2 = tmp_path / "gpt2"
     gpt2.mkdir()
@@ -111,12 +125,14 @@ def test_prune_eval_export_through_the_cli(world):
         "1024",
         "--target",
         "0.7",
+        "--min-layer-flops-cut",
+        "0.2",
         "--json",
     )
     assert p.returncode == 0, p.stderr[-3000:]
     rec = json.loads(p.stdout)
     assert rec["params"] <= 0.7 * rec["dense_params"] and rec["vocab"]["kept"] < rec["vocab"]["dense"]
-    assert len(rec["candidates"]) >= 2
+    assert len(rec["candidates"]) >= 2 and rec["layer_flops_ratio"] <= 0.8
     p = _run(
         "eval",
         str(root / "p"),
