@@ -318,3 +318,58 @@ def test_adaptive_plan_fetches_small_objects_whole_and_splits_large_ones(
     assert gets["tiny.bin"] == ["bytes=0-99"]
     size = len(files["big.bin"])
     assert sorted(gets["big.bin"]) == [f"bytes=0-{step - 1}", f"bytes={step}-{size - 1}"]
+
+
+# ----------------------------------------------------------------------------- streaming upload
+def test_streaming_upload_sends_each_file_once_the_rest_from_disk(
+    s3_server, s3_url: str, tmp_path: Path
+) -> None:
+    """Parts go while the file is written; with every slot busy the rest comes from the local file
+    after the commit, into the same multipart upload. Nothing is visible before the manifest."""
+    src = tmp_path / "src"
+    files = make_checkpoint(src, big_mib=12)
+    big, small = files["__0_0.distcp"], files["__1_0.distcp"]
+    with FlakyProxy(s3_server.endpoint, error_rate=0.0) as proxy:
+        store = S3Store(s3_url, proxy.endpoint, **SMALL_PARTS, max_concurrency=2, **FAST)
+        stream = store.streaming_upload("step_7")
+        sink = stream.stream("__0_0.distcp")
+        sink.write(big[: 6 * MiB])  # a first 5 MiB part goes at once ...
+        held = [stream._slots.acquire() for _ in range(2)]  # (waits for it) ... then every slot is busy:
+        sink.write(memoryview(big)[6 * MiB :])  # the rest of this file is left to the local copy
+        stream.stream("__1_0.distcp").write(small)  # below one part: sent when the stream finishes
+        for _ in held:
+            stream._slots.release()
+        assert store.list_prefixes() == []
+        uploaded = stream.finish(src)
+        assert uploaded == {"__0_0.distcp": len(big), "__1_0.distcp": len(small)}
+        assert store.list_prefixes() == []  # shards complete, no manifest yet: still invisible
+        assert store.upload_dir(src, "step_7", uploaded=uploaded) == sum(len(v) for v in files.values())
+        assert store.list_prefixes() == ["step_7"]
+        log = proxy.request_log()
+    S3Store(s3_url, **FAST).download_dir("step_7", tmp_path / "dst")
+    assert read_tree(tmp_path / "dst") == files
+    puts = [e["path"] for e in log if e["method"] == "PUT"]
+    big_puts = [p for p in puts if "__0_0.distcp" in p]
+    assert len(big_puts) == 3 and all("partNumber=" in p for p in big_puts)  # 5 + 5 + 2 MiB, never whole
+    small_puts = [p for p in puts if "__1_0.distcp" in p]
+    assert len(small_puts) == 1 and "partNumber=1" in small_puts[0]  # one last part at the finish
+
+
+def test_a_failed_stream_is_aborted_and_its_file_sent_whole(s3_server, s3_url: str, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    files = make_checkpoint(src, big_mib=12)
+    with FlakyProxy(s3_server.endpoint, error_rate=0.0, seed=2) as ok_proxy:
+        store = S3Store(s3_url, ok_proxy.endpoint, **SMALL_PARTS, **FAST)
+        with FlakyProxy(s3_server.endpoint, error_rate=1.0) as bad:  # S3 down during the write
+            broken = S3Store(
+                s3_url, bad.endpoint, **SMALL_PARTS, max_attempts=2, botocore_max_attempts=1, **FAST
+            )
+            stream = broken.streaming_upload("step_8")
+            stream.stream("__0_0.distcp").write(files["__0_0.distcp"])
+            assert stream.finish(src) == {}  # nothing claimed: the upload below sends it whole
+        assert store.list_prefixes() == []
+        store.upload_dir(src, "step_8", uploaded={})
+        whole = [e for e in ok_proxy.request_log() if e["method"] == "PUT" and "__0_0.distcp" in e["path"]]
+    assert whole
+    S3Store(s3_url, **FAST).download_dir("step_8", tmp_path / "dst")
+    assert read_tree(tmp_path / "dst") == files

@@ -203,6 +203,7 @@ class CheckpointEngine:
         tmp = self.root / (step_dirname(job.step) + ".tmp")
         t0 = time.perf_counter()
         ok, reason, files = True, None, None
+        stream = self._stream_upload(job)
         try:
             if self._distributed:
                 # A rank whose staging failed must not leave the others alone inside dcp.save.
@@ -217,6 +218,7 @@ class CheckpointEngine:
                 thread_count=self.config.io_threads,
                 fail=job.fault == "fail",
                 direct=self.config.direct_io,
+                tee=stream.stream if stream is not None else None,
             )
             dcp.save(
                 job.stage.staged, storage_writer=writer, process_group=self.pg, no_dist=not self._distributed
@@ -231,6 +233,8 @@ class CheckpointEngine:
             ok, reason = status[0]
         persist_s = time.perf_counter() - t0
         if not ok:
+            if stream is not None:
+                stream.abort()
             if self.rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
                 self._emit(E.CkptFailed(step=job.step, reason=reason))
@@ -256,7 +260,7 @@ class CheckpointEngine:
         if self._keeper is not None:
             self._keep_in_memory(job.step, final)
         if self.config.upload_url:
-            self._upload(job.step, final)
+            self._upload(job.step, final, stream)
 
     def _keep_in_memory(self, step: int, final: Path) -> None:
         """Copy a commit into the memory tier (verified while copied); never fails the save."""
@@ -344,10 +348,20 @@ class CheckpointEngine:
             if step is not None and step < newest and p.name not in valid and p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)
 
-    def _upload(self, step: int, final: Path) -> None:
+    def _stream_upload(self, job: _Job) -> Any:
+        """Rank 0's shard files go to S3 while they are written (remote.stream_upload); None when
+        there is no S3 tier, or a fault is injected (the upload then follows the local files)."""
+        if self.rank != 0 or not self.config.upload_url or job.fault is not None:
+            return None
+        try:
+            return remote.stream_upload(self.config, step_dirname(job.step))
+        except Exception:  # noqa: BLE001 - no stream: the upload after the commit reports any S3 error
+            return None
+
+    def _upload(self, step: int, final: Path, stream: Any = None) -> None:
         t0 = time.perf_counter()
         try:
-            nbytes = remote.upload(self.config, final)
+            nbytes = remote.upload(self.config, final, stream)
         except BaseException as e:  # noqa: BLE001 - boto3/botocore raise many types; report, keep training
             reason = f"upload failed: {failure_reason(e)}"
             self._emit(E.CkptFailed(step=step, reason=reason, stage="upload"))

@@ -17,7 +17,16 @@ from gpufleet.checkpoint.manifest import MANIFEST_NAME, Manifest, parse_step, st
 from gpufleet.core import events as E
 from gpufleet.core.errors import StorageError
 
-__all__ = ["upload", "download", "list_steps", "list_infos", "retain", "url_for", "CACHE_DIR"]
+__all__ = [
+    "stream_upload",
+    "upload",
+    "download",
+    "list_steps",
+    "list_infos",
+    "retain",
+    "url_for",
+    "CACHE_DIR",
+]
 
 CACHE_DIR = ".s3cache"  # downloads land here, never over a local checkpoint
 
@@ -38,9 +47,19 @@ def url_for(config: CheckpointConfig, name: str) -> str:
     return f"{(config.upload_url or '').rstrip('/')}/{name}"
 
 
-def upload(config: CheckpointConfig, ckpt_dir: Path) -> int:
-    """Upload one committed checkpoint directory (the store puts manifest.json last)."""
-    return int(store(config).upload_dir(ckpt_dir, ckpt_dir.name))
+def stream_upload(config: CheckpointConfig, name: str) -> Any:
+    """Start the S3 copy of checkpoint ``name`` while its files are written (S3Store.StreamingUpload):
+    the engine's writer feeds it every shard's bytes; :func:`upload` finishes it after the commit."""
+    return store(config).streaming_upload(name)
+
+
+def upload(config: CheckpointConfig, ckpt_dir: Path, stream: Any = None) -> int:
+    """Upload one committed checkpoint directory (the store puts manifest.json last).
+
+    With ``stream`` (from :func:`stream_upload`), the files it already completed are not sent
+    again: only the rest (``.metadata``, any file the stream dropped), then the manifest."""
+    uploaded = stream.finish(ckpt_dir) if stream is not None else None
+    return int(store(config).upload_dir(ckpt_dir, ckpt_dir.name, uploaded=uploaded))
 
 
 def list_steps(config: CheckpointConfig) -> dict[int, str]:

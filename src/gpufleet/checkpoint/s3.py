@@ -40,7 +40,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -48,7 +48,7 @@ from typing import Any, TypeVar
 
 from gpufleet.core.errors import RetryableStorageError, StorageError, TerminalStorageError, UsageError
 
-__all__ = ["S3Store", "parse_s3_url", "plan_range_size", "MANIFEST_NAME"]
+__all__ = ["S3Store", "StreamingUpload", "parse_s3_url", "plan_range_size", "MANIFEST_NAME"]
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +124,24 @@ class _Range:
     fd: int
     pos: int  # the next byte to fetch: a retry resumes here
     end: int
+
+
+_CLIENTS: dict[tuple[Any, ...], Any] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def _shared_client(key: tuple[Any, ...] | None, make: Callable[[], Any]) -> Any:
+    """A botocore client per (endpoint, credentials, settings), shared by every S3Store that asks.
+
+    Creating one loads and parses botocore's service model: 0.05-0.15 CPU-s each time, paid by
+    every store (one per upload URL, a fresh one per restore) before a single byte moves."""
+    if key is None:
+        return make()
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(key)
+        if client is None:
+            client = _CLIENTS[key] = make()
+        return client
 
 
 def plan_range_size(total: int, workers: int) -> int:
@@ -232,22 +250,28 @@ class S3Store:
         from botocore.config import Config
 
         session = boto3.session.Session()  # a private session: the default one is not thread-safe
-        self._client = session.client(
-            "s3",
-            endpoint_url=self.endpoint_url,
-            region_name=session.region_name or "us-east-1",
-            config=Config(
-                # No SHA-256 of every body for SigV4 over plain http (botocore's default there):
-                # requests keep their CRC32 checksum, which the server verifies, at a fraction of
-                # the CPU. GETs do not ask for a response checksum: ranges carry none anyway, and
-                # the checkpoint layer verifies every file's xxh3 against its manifest.
-                s3={"addressing_style": "path", "payload_signing_enabled": False},
-                response_checksum_validation="when_required",
-                retries={"mode": "standard", "total_max_attempts": botocore_max_attempts},
-                connect_timeout=connect_timeout,
-                read_timeout=read_timeout,
-                max_pool_connections=max_concurrency * 2 + 4,
-            ),
+        region = session.region_name or "us-east-1"
+        config = Config(
+            # No SHA-256 of every body for SigV4 over plain http (botocore's default there):
+            # requests keep their CRC32 checksum, which the server verifies, at a fraction of
+            # the CPU. GETs do not ask for a response checksum: ranges carry none anyway, and
+            # the checkpoint layer verifies every file's xxh3 against its manifest.
+            s3={"addressing_style": "path", "payload_signing_enabled": False},
+            response_checksum_validation="when_required",
+            retries={"mode": "standard", "total_max_attempts": botocore_max_attempts},
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            max_pool_connections=max_concurrency * 2 + 4,
+        )
+        creds = session.get_credentials()
+        shared = None
+        if creds is not None:  # same endpoint, credentials and settings: one client (thread-safe)
+            frozen = tuple(creds.get_frozen_credentials())
+            shared = (self.endpoint_url, region, frozen, botocore_max_attempts, connect_timeout, read_timeout)
+            shared += (max_concurrency,)
+        self._client = _shared_client(
+            shared,
+            lambda: session.client("s3", endpoint_url=self.endpoint_url, region_name=region, config=config),
         )
         self._transfer_config = TransferConfig(
             multipart_threshold=multipart_threshold,
@@ -261,28 +285,42 @@ class S3Store:
         return f"S3Store(url={self.url!r}, endpoint_url={self.endpoint_url!r})"
 
     # ----------------------------------------------------------------------------- public API
-    def upload_dir(self, local_dir: Path, prefix: str) -> int:
-        """Upload every file under ``local_dir`` to ``<url>/<prefix>/``, ``manifest.json`` last."""
+    def upload_dir(self, local_dir: Path, prefix: str, *, uploaded: Mapping[str, int] | None = None) -> int:
+        """Upload every file under ``local_dir`` to ``<url>/<prefix>/``, ``manifest.json`` last.
+
+        ``uploaded``: relative name -> size of files already in place under the prefix (a
+        :class:`StreamingUpload` finished them); those of the same size locally are not sent again.
+        The returned byte count includes them."""
+        uploaded = dict(uploaded or {})
         local_dir = Path(local_dir)
         if not local_dir.is_dir():
             raise UsageError(f"not a directory: {local_dir}")
         base = self._key(_clean_rel(prefix, "prefix"))
         jobs: list[_Job] = []
+        done: list[_Job] = []
         manifest: _Job | None = None
         for path in sorted(p for p in local_dir.rglob("*") if p.is_file()):
             rel = path.relative_to(local_dir).as_posix()
             job = _Job(f"{base}/{rel}", path, path.stat().st_size)
             if rel == MANIFEST_NAME:
                 manifest = job
+            elif uploaded.get(rel) == job.size:
+                done.append(job)
             else:
                 jobs.append(job)
         self._transfer(jobs, upload=True)
         if manifest is not None:
             self._transfer([manifest], upload=True)
             jobs.append(manifest)
+        jobs += done
         total = sum(j.size for j in jobs)
         log.info("uploaded %d files, %d bytes to s3://%s/%s", len(jobs), total, self.bucket, base)
         return total
+
+    def streaming_upload(self, prefix: str) -> StreamingUpload:
+        """Start uploading files under ``<url>/<prefix>/`` while they are being written (see
+        :class:`StreamingUpload`); finish with ``upload_dir(dir, prefix, uploaded=s.finish(dir))``."""
+        return StreamingUpload(self, self._key(_clean_rel(prefix, "prefix")))
 
     def list_prefixes(self) -> list[str]:
         """Sub-prefixes directly under the URL (e.g. ``step_00000100``) that hold a manifest.json."""
@@ -587,3 +625,233 @@ class S3Store:
         if isinstance(exc, OSError):  # local disk: no space, permission, file vanished
             return TerminalStorageError(f"{where}: local I/O error: {exc}")
         return None
+
+
+class StreamingUpload:
+    """Multipart uploads fed with each file's bytes as a writer produces them (the engine's
+    pipelined upload: the S3 copy grows while the local checkpoint is still being written).
+
+    :meth:`stream` gives one sink per file; its ``write`` copies bytes into a part buffer and hands
+    each full part (``multipart_chunksize``) to a pool of ``max_concurrency`` upload threads. Sinks
+    never raise into the writer, never touch the network on its thread and never make it wait:
+    when every upload slot is busy (S3 slower than the disk), a sink stops buffering and remembers
+    where it stopped. After the local commit, :meth:`finish` sends the rest of such files from the
+    local copy into the same multipart uploads, sends every last part, completes the uploads and
+    returns ``{name: size}`` of the files now in S3. A file whose stream failed (a part out of
+    retries) is aborted and left out; ``S3Store.upload_dir(uploaded=...)`` then sends it whole, and
+    the manifest last, so a torn stream is never visible as a checkpoint.
+    Memory: one part buffer per open file plus at most ``max_concurrency`` parts in flight."""
+
+    def __init__(self, store: S3Store, base: str) -> None:
+        self._store = store
+        self._base = base
+        self._part = max(5 * MiB, store._transfer_config.multipart_chunksize)  # S3's minimum part
+        workers = max(1, store._transfer_config.max_request_concurrency)
+        self._slots = threading.BoundedSemaphore(workers)
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="s3put")
+        self._sinks: dict[str, _PartSink] = {}
+        self._lock = threading.Lock()
+        self._free: list[bytearray] = []  # part buffers back from the pool, reused
+
+    def _buffer(self) -> bytearray:
+        with self._lock:
+            return self._free.pop() if self._free else bytearray(self._part)
+
+    def _recycle(self, buf: bytearray | None) -> None:
+        if buf is not None and len(buf) == self._part:
+            with self._lock:
+                self._free.append(buf)
+
+    def stream(self, name: str) -> _PartSink:
+        """The sink for file ``name`` (relative to the prefix), fed in file order."""
+        sink = _PartSink(self, name, f"{self._base}/{_clean_rel(name, 'file name')}")
+        with self._lock:
+            self._sinks[name] = sink
+        return sink
+
+    def finish(self, local_dir: Path) -> dict[str, int]:
+        """Send what the streams left (from the files in ``local_dir``), complete every healthy
+        upload; ``{name: size}`` of the files now in S3."""
+        done: dict[str, int] = {}
+        try:
+            sinks = list(self._sinks.values())
+            for sink in sinks:  # queue every file's remaining parts first: they upload in parallel
+                sink.send_rest(Path(local_dir) / sink.name)
+            for sink in sinks:
+                if sink.complete():
+                    done[sink.name] = sink.size
+        finally:
+            self._pool.shutdown(wait=True)
+        return done
+
+    def abort(self) -> None:
+        """Drop everything (the local save failed): abort the open multipart uploads."""
+        try:
+            for sink in list(self._sinks.values()):
+                sink.fail(RuntimeError("the local save failed"))
+                sink.complete()
+        finally:
+            self._pool.shutdown(wait=True)
+
+
+def _read_full(f: Any, view: memoryview) -> int:
+    got = 0
+    while got < len(view):
+        n = f.readinto(view[got:])
+        if not n:
+            break
+        got += n
+    return got
+
+
+class _PartSink:
+    """One file's multipart upload inside a :class:`StreamingUpload`."""
+
+    def __init__(self, owner: StreamingUpload, name: str, key: str) -> None:
+        self._owner = owner
+        self.name = name
+        self.key = key
+        self.size = 0  # bytes the writer produced
+        self._buf: bytearray | None = owner._buffer()
+        self._fill = 0
+        self._sent = 0  # bytes handed to upload threads: the local file's rest starts here
+        self._tail = False  # no free slot once: the rest comes from the local file after the commit
+        self._upload_id: str | None = None
+        self._upload_lock = threading.Lock()
+        self._parts: list[tuple[int, Any]] = []  # (part number, future of its ETag)
+        self.error: BaseException | None = None
+
+    def fail(self, err: BaseException) -> None:
+        """Drop this file from the stream (any thread: the buffer stays with the writer's thread)."""
+        if self.error is None:
+            self.error = err
+
+    def write(self, data: Any) -> None:
+        """Append bytes (any buffer). Never raises, never blocks on the network."""
+        try:
+            view = memoryview(data).cast("B")
+            self.size += view.nbytes
+            while view and self._buf is not None and not self._tail and self.error is None:
+                k = min(view.nbytes, len(self._buf) - self._fill)
+                self._buf[self._fill : self._fill + k] = view[:k]
+                self._fill += k
+                view = view[k:]
+                if self._fill == len(self._buf):
+                    if self._submit(self._buf, self._fill, block=False):
+                        self._buf, self._fill = self._owner._buffer(), 0
+                    else:  # every slot busy: keep the writer going, send the rest from the file
+                        self._tail = True
+                        self._owner._recycle(self._buf)
+                        self._buf, self._fill = None, 0
+        except BaseException as e:  # noqa: BLE001 - the local write must go on; the file is re-sent later
+            self.fail(e)
+
+    def _submit(self, buf: bytearray, used: int, *, block: bool) -> bool:
+        if not self._owner._slots.acquire(blocking=block):
+            return False
+        number = len(self._parts) + 1
+        try:
+            self._parts.append((number, self._owner._pool.submit(self._put, number, buf, used)))
+        except BaseException:
+            self._owner._slots.release()
+            raise
+        self._sent += used
+        return True
+
+    def _ensure_upload(self) -> str:
+        """The multipart upload's id, created by the first part (on an upload thread)."""
+        store = self._owner._store
+        with self._upload_lock:
+            if self._upload_id is None:
+                resp = store._call(
+                    "upload",
+                    self.key,
+                    lambda: store._client.create_multipart_upload(Bucket=store.bucket, Key=self.key),
+                )
+                self._upload_id = str(resp["UploadId"])
+            return self._upload_id
+
+    def _put(self, number: int, buf: bytearray, used: int) -> str:
+        store = self._owner._store
+        body = buf if used == len(buf) else memoryview(buf)[:used].tobytes()
+        try:
+            if self.error is not None:
+                raise RuntimeError("stream dropped")
+            upload_id = self._ensure_upload()
+            resp = store._call(
+                "upload",
+                f"{self.key} part {number}",
+                lambda: store._client.upload_part(
+                    Bucket=store.bucket, Key=self.key, UploadId=upload_id, PartNumber=number, Body=body
+                ),
+            )
+            return str(resp["ETag"])
+        except BaseException as e:
+            self.fail(e)
+            raise
+        finally:
+            self._owner._recycle(buf)
+            self._owner._slots.release()
+
+    def send_rest(self, path: Path) -> None:
+        """After the commit: queue the parts the stream did not send (the last one, or the tail
+        of the file read back from ``path``). Blocks for upload slots; never raises."""
+        if self.error is not None or self.size == 0:
+            return
+        try:
+            if not self._tail:
+                if self._fill and self._buf is not None:
+                    self._submit(self._buf, self._fill, block=True)
+                    self._buf, self._fill = None, 0
+                return
+            with open(path, "rb") as f:
+                f.seek(self._sent)
+                while self.error is None:
+                    buf = self._owner._buffer()
+                    n = _read_full(f, memoryview(buf))
+                    if not n:
+                        self._owner._recycle(buf)
+                        return
+                    self._submit(buf, n, block=True)
+                    if n < len(buf):
+                        return
+        except BaseException as e:  # noqa: BLE001 - reported by complete(); the file goes the ordinary way
+            self.fail(e)
+
+    def complete(self) -> bool:
+        """Wait for every part, complete the upload; False (and aborted) on any failure."""
+        store = self._owner._store
+        if self.error is None and self.size == 0:
+            return False  # an empty file: nothing opened, the ordinary upload creates it
+        try:
+            etags = [(n, f.result()) for n, f in self._parts]
+            if self.error is not None:
+                raise self.error
+            if self._sent != self.size or self._upload_id is None:
+                raise RuntimeError(f"sent {self._sent} of {self.size} bytes")
+            parts = [{"PartNumber": n, "ETag": e} for n, e in etags]
+            upload_id = self._upload_id
+            store._call(
+                "upload",
+                self.key,
+                lambda: store._client.complete_multipart_upload(
+                    Bucket=store.bucket,
+                    Key=self.key,
+                    UploadId=upload_id,
+                    MultipartUpload={"Parts": parts},
+                ),
+            )
+            return True
+        except BaseException as e:  # noqa: BLE001 - logged; the file goes the ordinary way
+            self.fail(e)
+            self._buf = None
+            log.warning("s3 streaming upload of %s dropped (sent whole after the commit): %s", self.key, e)
+            for _, f in self._parts:
+                f.exception()  # wait: no part may land after the abort
+            if self._upload_id is not None:
+                try:
+                    client = store._client
+                    client.abort_multipart_upload(Bucket=store.bucket, Key=self.key, UploadId=self._upload_id)
+                except Exception as err:  # noqa: BLE001 - best effort; S3 lifecycle rules reap the rest
+                    log.warning("s3 abort of %s failed: %s", self.key, err)
+            return False

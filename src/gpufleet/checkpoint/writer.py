@@ -18,7 +18,7 @@ import os
 import queue
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -69,7 +69,7 @@ class _HashingStream:
     The last partial page is padded for the write and cut off again with ftruncate.
     """
 
-    def __init__(self, path: Path, fail: bool, direct: bool = True) -> None:
+    def __init__(self, path: Path, fail: bool, direct: bool = True, tee: Any = None) -> None:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
         self.direct = False
         if direct and hasattr(os, "O_DIRECT"):
@@ -84,6 +84,7 @@ class _HashingStream:
         self._h = xxhash.xxh3_64()
         self._n = 0  # logical size (bytes accepted)
         self._fail = fail
+        self._tee = tee  # optional sink fed every byte in file order (the S3 streaming upload)
         self._mm = mmap.mmap(-1, _BOUNCE)  # page-aligned
         self._bounce = memoryview(self._mm)
         self._fill = 0  # bytes in the bounce; the bounce starts at file offset _n - _fill (aligned)
@@ -104,6 +105,8 @@ class _HashingStream:
             for i in range(0, whole, _CHUNK):
                 part = view[i : min(whole, i + _CHUNK)]
                 self._h.update(part)
+                if self._tee is not None:
+                    self._tee.write(part)
                 self._write_all(part)
                 self._n += part.nbytes
             view = view[whole:]
@@ -111,6 +114,8 @@ class _HashingStream:
             k = min(view.nbytes, _BOUNCE - self._fill)
             self._bounce[self._fill : self._fill + k] = view[:k]
             self._h.update(view[:k])
+            if self._tee is not None:
+                self._tee.write(view[:k])
             self._fill += k
             self._n += k
             view = view[k:]
@@ -243,11 +248,18 @@ class SummingWriter(FileSystemWriter):
     """FileSystemWriter that records (size, xxh3_64) of every file it writes into ``file_sums``."""
 
     def __init__(
-        self, path: str | os.PathLike[str], *, thread_count: int = 4, fail: bool = False, direct: bool = True
+        self,
+        path: str | os.PathLike[str],
+        *,
+        thread_count: int = 4,
+        fail: bool = False,
+        direct: bool = True,
+        tee: Callable[[str], Any] | None = None,
     ) -> None:
         super().__init__(path, single_file_per_rank=True, sync_files=True, thread_count=thread_count)
         self.fail = fail
         self.direct = direct
+        self.tee = tee  # file name -> a sink with write(buffer) fed that file's bytes (or None)
         self.file_sums: dict[str, tuple[int, str]] = {}  # filled on the coordinator by finish()
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
@@ -302,7 +314,8 @@ class SummingWriter(FileSystemWriter):
         return fut
 
     def _write_file(self, name: str, items: list[Any], planner: SavePlanner) -> list[WriteResult]:
-        stream = _HashingStream(Path(self.path) / name, self.fail, self.direct)
+        tee = self.tee(name) if self.tee is not None else None
+        stream = _HashingStream(Path(self.path) / name, self.fail, self.direct, tee)
         out: list[WriteResult] = []
         try:
             # Byte items (pickled plain values) first, then tensors, as DCP does.
