@@ -5,6 +5,9 @@ Three launchers, side by side in one run, the same model / data / checkpoint cad
 
 * ``gpufleet``            ``gpufleet run -n 2 --checkpoint-every N`` (standby interpreters on)
 * ``gpufleet-no-standby`` the same with ``--no-standby`` (every restart spawns fresh interpreters)
+* ``gpufleet-in-process`` the same with ``--in-process-restart``: rank 0 keeps its process and
+                          rejoins; only rank 1 is replaced (a standby). Its "new process" is rank
+                          0's new round of the script in the same interpreter.
 * ``torchrun``            ``torchrun --standalone --nproc-per-node 2 --max-restarts 3`` on a plain
                           PyTorch script that checkpoints with ``torch.distributed.checkpoint``
                           (``dcp.save`` every N steps, ``dcp.load`` of the newest committed one on start)
@@ -39,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 SCRIPTS = HERE / "scripts"
 RESULTS = HERE / "results"
 BIN = Path(sys.executable).parent
-LAUNCHERS = ("gpufleet", "gpufleet-no-standby", "torchrun")
+LAUNCHERS = ("gpufleet", "gpufleet-in-process", "gpufleet-no-standby", "torchrun")
 SCRIPT_PHASES = ("to_process", "import", "init", "build", "load", "first_step")
 
 
@@ -64,6 +67,8 @@ def _command(launcher: str, work: Path, args: argparse.Namespace) -> tuple[list[
         ]  # fmt: skip
         if launcher == "gpufleet-no-standby":
             cmd.append("--no-standby")
+        if launcher == "gpufleet-in-process":
+            cmd.append("--in-process-restart")
         cmd += ["--", sys.executable, str(SCRIPTS / "mttr_gpufleet.py"), *common]
     else:
         cmd = [
@@ -162,6 +167,21 @@ def aggregate(trials: list[dict[str, Any]]) -> dict[str, Any]:
     return agg
 
 
+def _in_process_ratios(agg: dict[str, Any], by: dict[tuple[str, int], Any], repeats: int) -> dict[str, Any]:
+    """Issue 10's goals: in-process MTTR <= 0.15x torchrun and <= 0.4x gpufleet's full restart."""
+    ip, full, tr = (agg[k]["mttr_median_s"] for k in ("gpufleet-in-process", "gpufleet", "torchrun"))
+    return {
+        "vs_torchrun": ip / tr if ip and tr else None,
+        "vs_full_restart": ip / full if ip and full else None,
+        "paired_vs_full_restart": [
+            round(by[("gpufleet-in-process", i)]["mttr_s"] / by[("gpufleet", i)]["mttr_s"], 3)
+            for i in range(repeats)
+            if ("gpufleet-in-process", i) in by and ("gpufleet", i) in by
+        ],
+        "goals": "<= 0.15x torchrun, <= 0.4x gpufleet full restart",
+    }
+
+
 def render(res: dict[str, Any]) -> None:
     agg = res["launchers"]
     try:
@@ -208,6 +228,13 @@ def render(res: dict[str, Any]) -> None:
         pr = res["paired_ratios_gpufleet_vs_torchrun"]
         if pr:
             c.print(f"per-trial ratios (interleaved pairs): {', '.join(f'{x:.2f}' for x in pr)}")
+        ip = res.get("in_process")
+        if ip and ip["vs_torchrun"] is not None:
+            c.print(
+                f"in-process / torchrun = {ip['vs_torchrun']:.2f}x (goal <= 0.15x); "
+                f"in-process / gpufleet full restart = {ip['vs_full_restart']:.2f}x (goal <= 0.4x); "
+                f"paired vs full: {', '.join(f'{x:.2f}' for x in ip['paired_vs_full_restart'])}"
+            )
     else:  # pragma: no cover
         print("\t".join(head))
         for r in rows:
@@ -285,6 +312,7 @@ def main() -> int:
         "paired_ratios_gpufleet_vs_torchrun": [round(x, 3) for x in paired],
         "paired_ratio_median": _median(paired),
         "goal_met": bool(g and b and g / b <= 0.5),
+        "in_process": _in_process_ratios(agg, by, args.repeats),
         "trials": trials,
         "state_mb": state / 1e6,
     }

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,14 +12,12 @@ from pathlib import Path
 import pytest
 
 from gpufleet.core.ledger import read_events
-from support.toyrun import gpufleet_run
+from support.toyrun import assert_usage_error, gpufleet_run
 
 pytestmark = pytest.mark.slow
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "toy_train.py")
 GPUFLEET = [sys.executable, "-m", "gpufleet.cli.main"]
-
-
 
 
 def final(run_dir: Path) -> dict:
@@ -193,20 +190,7 @@ def test_sigterm_takes_a_final_checkpoint_and_exits_cleanly(tmp_path):
     ],
 )
 def test_bad_input_is_one_line_exit_2(tmp_path, flags, needle):
-    p = subprocess.run(
-        [*GPUFLEET, "run", "--run-dir", str(tmp_path / "r"), *flags],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert p.returncode == 2, (p.stdout, p.stderr)
-    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and needle in lines[0], p.stderr
-    assert "Traceback" not in p.stderr
-    assert (
-        not (tmp_path / "r" / "ledger.jsonl").exists()
-        or os.path.getsize(tmp_path / "r" / "ledger.jsonl") == 0
-    )
+    assert_usage_error(tmp_path / "r", flags, needle)
 
 
 def test_auto_interval_measures_stall_persist_and_interference(tmp_path):

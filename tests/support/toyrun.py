@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -19,3 +20,23 @@ def gpufleet_run(
            "--hang-timeout", "3", "--no-progress", *flags, "--", sys.executable, SCRIPT,
            "--steps", str(steps), *extra]  # fmt: skip
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def final_sha(run_dir: Path) -> str:
+    """The sha256 of the final weights toy_train.py wrote (the newest final-*.json)."""
+    outs = sorted(run_dir.glob("final-*.json"), key=lambda p: p.stat().st_mtime)
+    assert outs, f"no final weights in {run_dir}"
+    return json.loads(outs[-1].read_text())["sha256"]
+
+
+def assert_usage_error(run_dir: Path, flags: list[str], needle: str) -> None:
+    """`gpufleet run --run-dir RUN_DIR FLAGS` fails as bad input must: exit 2, one line on stderr naming
+    ``needle``, no traceback, nothing written to the ledger."""
+    p = subprocess.run([*GPUFLEET, "run", "--run-dir", str(run_dir), *flags], capture_output=True, text=True,
+                       timeout=60)  # fmt: skip
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0], p.stderr
+    assert "Traceback" not in p.stderr
+    ledger = run_dir / "ledger.jsonl"
+    assert not ledger.exists() or ledger.stat().st_size == 0

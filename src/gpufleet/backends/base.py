@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -162,6 +163,15 @@ class Backend(ABC):
     @abstractmethod
     def start(self, spec: LaunchSpec) -> Attempt:
         """Start the ranks of one attempt (all nodes' for a multi-node backend)."""
+
+    def replace(self, attempt: Attempt, lost: Collection[int], spec: LaunchSpec) -> Attempt | None:
+        """In-process restart: the next attempt (``spec``) from ``attempt``'s surviving workers, which
+        rejoin in their own processes, plus new workers for the ``lost`` ranks (killed first if alive).
+
+        None: not possible here (the default: this backend restarts whole attempts); the supervisor then
+        stops ``attempt`` and calls :meth:`start`.
+        """
+        return None
 
     def after_failure(self, attempt: Attempt, ledger: EventSink, blame: Blame | None = None) -> Verdict:
         """Judge a failed, stopped attempt: may the supervisor restart?

@@ -21,8 +21,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from gpufleet.backends.base import CONTINUE, Attempt, Backend, Blame, LaunchSpec, Verdict, Worker
 from gpufleet.backends.process import ProcessAttempt, send_signal
@@ -68,6 +69,7 @@ class LocalBackend(Backend):
         python: str | None = None,
         min_nproc: int | None = None,
         slot_failures: int = 2,
+        in_process: bool = False,
     ) -> None:
         if min_nproc is not None and min_nproc < 1:
             raise ConfigError(f"--min-nproc must be >= 1, got {min_nproc}")
@@ -77,6 +79,7 @@ class LocalBackend(Backend):
         self.python = python or sys.executable
         self.min_nproc = min_nproc
         self.slot_failures = slot_failures
+        self.in_process = in_process  # ranks run under the in-process restart harness (train/inprocess.py)
         self.slots: list[int] | None = None  # worker slots in use (local ranks of the first attempt)
         self.dropped: list[int] = []
         self._strikes: tuple[int, int] | None = None  # (slot, consecutive failures blamed on it)
@@ -91,76 +94,127 @@ class LocalBackend(Backend):
         slots = self.active_slots(spec)
         plan = self._plan(spec, len(slots))
         while len(self._standbys) < len(slots):
-            r, w = os.pipe()
-            env = {**os.environ, **spec.env}
-            # The share is fixed before `import torch`: OpenMP reads it once, as the library loads.
-            env.update(thread_env(plan[len(self._standbys)].threads, env), **{Env.CONTROL_FD: str(w)})
-            if eager:  # warm at normal priority: see Backend.prepare
-                env[Env.STANDBY_EAGER] = "1"
-            proc = subprocess.Popen(
-                [self.python, "-m", "gpufleet.train.standby"],
-                stdin=subprocess.PIPE,
-                env=env,
-                pass_fds=(w,),
-                start_new_session=True,
-            )
-            self._standbys.append(_Standby(proc, r, w))
+            self._standbys.append(self._spawn_standby(spec, plan[len(self._standbys)], eager=eager))
+
+    def _spawn_standby(self, spec: LaunchSpec, res: RankResources, *, eager: bool) -> _Standby:
+        r, w = os.pipe()
+        env = {**os.environ, **spec.env}
+        # The share is fixed before `import torch`: OpenMP reads it once, as the library loads.
+        env.update(thread_env(res.threads, env), **{Env.CONTROL_FD: str(w)})
+        if eager:  # warm at normal priority: see Backend.prepare
+            env[Env.STANDBY_EAGER] = "1"
+        proc = subprocess.Popen(
+            [self.python, "-m", "gpufleet.train.standby"],
+            stdin=subprocess.PIPE,
+            env=env,
+            pass_fds=(w,),
+            start_new_session=True,
+        )
+        return _Standby(proc, r, w)
 
     def start(self, spec: LaunchSpec) -> ProcessAttempt:
         slots = self.active_slots(spec)
         spec.nproc_per_node = len(slots)  # fewer after a slot was dropped: the world size shrinks
-        plan = self._plan(spec, len(slots))
-        devices = visible_devices(slots, os.environ) if self.dropped else {}
-        entry = python_entry(spec.command)
-        started: list[tuple[Worker, subprocess.Popen[bytes], int]] = []
+        launched = [self._launch(spec, local_rank) for local_rank in range(spec.nproc_per_node)]
+        return _attempt(spec, launched)
+
+    def replace(self, attempt: Attempt, lost: Collection[int], spec: LaunchSpec) -> ProcessAttempt | None:
+        """In-process restart: kill the ``lost`` ranks, order the survivors (started through the
+        in-process harness) into the new round, and promote standbys for the lost ranks.
+
+        None when it cannot be done here (in-process restart off, a command a standby cannot run, the
+        world size changed, a survivor is gone too): the supervisor then restarts the whole attempt.
+        """
+        if not self.in_process or python_entry(spec.command) is None:
+            return None
+        if not isinstance(attempt, ProcessAttempt):
+            return None
+        slots = self.active_slots(spec)
+        if len(slots) != len(attempt.workers) or not attempt.orders:
+            return None
+        spec.nproc_per_node = len(slots)
+        survivors = [w.rank for w in attempt.workers if w.rank not in lost]
+        codes = attempt.poll()
+        if any(codes[r] is not None for r in survivors) or any(r not in attempt.orders for r in survivors):
+            return None
+        attempt.kill(lost)
+        kept = attempt.handover(survivors)
+        launched: list[_Launched] = []
         for local_rank in range(spec.nproc_per_node):
-            res = plan[local_rank]
-            env = {**spec.env, **spec.rank_env(local_rank), **devices}
-            threads = thread_env(res.threads, {**os.environ, **env})
-            env.update(threads)
-            rank = int(env["RANK"])
-            sb = self._take_standby() if entry is not None else None
-            if sb is not None and entry is not None and sb.proc.stdin is not None:
-                argv, is_module = entry
-                order = {
-                    "env": {**env, Env.CONTROL_FD: str(sb.write_fd)},
-                    "argv": argv,
-                    "module": is_module,
-                    "log": _prepare_log(spec.log_path(rank)),
-                    "threads": res.threads if threads else None,
-                    "cpus": sorted(res.cpus) if res.cpus is not None else None,
-                }
-                sb.proc.stdin.write((json.dumps(order) + "\n").encode())
-                sb.proc.stdin.flush()
-                sb.proc.stdin.close()
-                os.close(sb.write_fd)
-                started.append((Worker(rank, sb.proc.pid), sb.proc, sb.read_fd))
-                continue
-            r, w = os.pipe()
-            full_env = {
-                **os.environ,
-                **env,
-                Env.CONTROL_FD: str(w),
-                Env.SPAWN_T: str(time.time()),
+            rank = int(spec.rank_env(local_rank)["RANK"])
+            if rank in kept:
+                worker, proc, fd, orders = kept[rank]
+                env, _ = self._rank_env(spec, local_rank)
+                orders.write((json.dumps({"env": env}) + "\n").encode())
+                orders.flush()
+                launched.append((worker, proc, fd, orders))
+            else:
+                launched.append(self._launch(spec, local_rank))
+        return _attempt(spec, launched)
+
+    def _rank_env(self, spec: LaunchSpec, local_rank: int) -> tuple[dict[str, str], bool]:
+        """A rank's environment for ``spec``, and whether the thread variables were set by gpufleet."""
+        res = self._plan(spec, spec.nproc_per_node)[local_rank]
+        devices = visible_devices(self.active_slots(spec), os.environ) if self.dropped else {}
+        env = {**spec.env, **spec.rank_env(local_rank), **devices}
+        threads = thread_env(res.threads, {**os.environ, **env})
+        env.update(threads)
+        return env, bool(threads)
+
+    def _launch(self, spec: LaunchSpec, local_rank: int) -> _Launched:
+        """Start one rank: a standby promoted, or a fresh process (for a command a standby cannot run)."""
+        res = self._plan(spec, spec.nproc_per_node)[local_rank]
+        env, threads = self._rank_env(spec, local_rank)
+        rank = int(env["RANK"])
+        entry = python_entry(spec.command)
+        sb = self._take_standby() if entry is not None else None
+        if sb is None and entry is not None and self.in_process:
+            # Every rank runs under the in-process harness, the first attempt's too: spawn one now.
+            sb = self._spawn_standby(spec, res, eager=True)
+        if sb is not None and entry is not None and sb.proc.stdin is not None:
+            argv, is_module = entry
+            order = {
+                "env": {**env, Env.CONTROL_FD: str(sb.write_fd)},
+                "argv": argv,
+                "module": is_module,
+                "log": _prepare_log(spec.log_path(rank)),
+                "threads": res.threads if threads else None,
+                "cpus": sorted(res.cpus) if res.cpus is not None else None,
+                "in_process": self.in_process,
             }
-            log = _prepare_log(spec.log_path(rank))
-            out = open(log, "ab") if log else None  # noqa: SIM115 - handed to the child, closed right after
-            try:
-                with _forked_affinity(res.cpus):
-                    proc = subprocess.Popen(
-                        spec.command,
-                        env=full_env,
-                        pass_fds=(w,),
-                        start_new_session=True,
-                        stdout=out,
-                        stderr=subprocess.STDOUT if out else None,
-                    )
-            finally:
-                if out:
-                    out.close()
-            os.close(w)
-            started.append((Worker(rank, proc.pid), proc, r))
-        return ProcessAttempt(spec, started, group=True)
+            sb.proc.stdin.write((json.dumps(order) + "\n").encode())
+            sb.proc.stdin.flush()
+            orders = None
+            if self.in_process:
+                orders = sb.proc.stdin  # the next rounds' orders go the same way
+            else:
+                sb.proc.stdin.close()
+            os.close(sb.write_fd)
+            return Worker(rank, sb.proc.pid), sb.proc, sb.read_fd, orders
+        r, w = os.pipe()
+        full_env = {
+            **os.environ,
+            **env,
+            Env.CONTROL_FD: str(w),
+            Env.SPAWN_T: str(time.time()),
+        }
+        log = _prepare_log(spec.log_path(rank))
+        out = open(log, "ab") if log else None  # noqa: SIM115 - handed to the child, closed right after
+        try:
+            with _forked_affinity(res.cpus):
+                proc = subprocess.Popen(
+                    spec.command,
+                    env=full_env,
+                    pass_fds=(w,),
+                    start_new_session=True,
+                    stdout=out,
+                    stderr=subprocess.STDOUT if out else None,
+                )
+        finally:
+            if out:
+                out.close()
+        os.close(w)
+        return Worker(rank, proc.pid), proc, r, None
 
     def after_failure(self, attempt: Attempt, ledger: EventSink, blame: Blame | None = None) -> Verdict:
         """With ``min_nproc``: drop a slot blamed for ``slot_failures`` failures in a row, if enough remain.
@@ -240,6 +294,14 @@ class LocalBackend(Backend):
             os.close(sb.read_fd)
             os.close(sb.write_fd)
         self._standbys.clear()
+
+
+_Launched = tuple[Worker, "subprocess.Popen[bytes]", int, Any]  # worker, process, event fd, order pipe
+
+
+def _attempt(spec: LaunchSpec, launched: list[_Launched]) -> ProcessAttempt:
+    orders = {w.rank: o for w, _, _, o in launched if o is not None}
+    return ProcessAttempt(spec, [(w, p, fd) for w, p, fd, _ in launched], group=True, orders=orders)
 
 
 def visible_devices(slots: list[int], environ: Mapping[str, str]) -> dict[str, str]:

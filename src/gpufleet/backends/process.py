@@ -12,7 +12,8 @@ import selectors
 import signal
 import subprocess
 import time
-from typing import Any
+from collections.abc import Collection, Mapping
+from typing import IO, Any
 
 from gpufleet.backends.base import Attempt, EventChannel, LaunchSpec, Worker
 
@@ -64,6 +65,17 @@ class PipeChannel(EventChannel):
                 events.append(rec)
         return events
 
+    def release(self, rank: int) -> int:
+        """Stop reading the pipe of ``rank`` and return its fd, open (another channel takes it over)."""
+        fd = next(fd for fd, r in self._fds.items() if r == rank)
+        del self._fds[fd]
+        self._buf.pop(fd, None)
+        try:
+            self._sel.unregister(fd)
+        except (KeyError, ValueError):
+            pass  # its writer had closed it already
+        return fd
+
     def close(self) -> None:
         if self._sel.get_map() is None:  # closed already
             return
@@ -79,12 +91,17 @@ class PipeChannel(EventChannel):
         self._sel.close()
 
 
+_Handed = tuple[Worker, "subprocess.Popen[bytes]", int, IO[bytes]]  # worker, process, event fd, order pipe
+
+
 class ProcessAttempt(Attempt):
     """Workers that are ``Popen`` children of this process, each writing events to its own pipe.
 
     ``group``: signal each worker's whole process group (it was started in a new session), so what
     a rank started dies with it; else only the process, which forwards signals itself (srun).
     ``stop_extra_s``: time beyond the grace a worker needs to stop what is behind it (an agent's ranks).
+    ``orders``: per rank, the stdin of a worker run by the in-process restart harness (the next round's
+    order is written there; see :meth:`handover`).
     """
 
     def __init__(
@@ -94,6 +111,7 @@ class ProcessAttempt(Attempt):
         *,
         group: bool = True,
         stop_extra_s: float = 0.0,
+        orders: Mapping[int, IO[bytes]] | None = None,
     ) -> None:
         self.spec = spec
         self.workers = [w for w, _, _ in started]
@@ -101,6 +119,7 @@ class ProcessAttempt(Attempt):
         self.events: PipeChannel = PipeChannel({fd: w.rank for w, _, fd in started})
         self.group = group
         self.stop_extra_s = stop_extra_s
+        self.orders = dict(orders or {})
 
     def poll(self) -> dict[int, int | None]:
         return {rank: p.poll() for rank, p in self.procs.items()}
@@ -109,6 +128,34 @@ class ProcessAttempt(Attempt):
         for p in self.procs.values():
             if p.poll() is None:
                 send_signal(p, signal.SIGUSR1, group=False)  # the rank itself: it checkpoints, then exits
+
+    def kill(self, ranks: Collection[int]) -> None:
+        """SIGKILL these ranks (and what they started) and reap them; the others keep running."""
+        for r in ranks:
+            if r in self.procs:
+                send_signal(self.procs[r], signal.SIGKILL, self.group)
+        for r in ranks:
+            if r in self.procs:
+                self.procs[r].wait()
+
+    def handover(self, ranks: Collection[int]) -> dict[int, _Handed]:
+        """Give these live ranks to the next attempt (in-process restart): their process, event pipe and
+        order pipe leave this attempt, so neither :meth:`stop` nor :meth:`close` touches them."""
+        out = {}
+        for w in [w for w in self.workers if w.rank in ranks]:
+            fd = self.events.release(w.rank)
+            out[w.rank] = (w, self.procs.pop(w.rank), fd, self.orders.pop(w.rank))
+            self.workers.remove(w)
+        return out
+
+    def close(self) -> None:
+        for o in self.orders.values():
+            try:
+                o.close()
+            except OSError:
+                pass
+        self.orders.clear()
+        super().close()
 
     def stop(self, grace_s: float) -> None:
         for p in self.procs.values():

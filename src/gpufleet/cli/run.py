@@ -120,6 +120,7 @@ class RunRequest:
             cpu_affinity=p["cpu_affinity"],
             min_nproc=p["min_nproc"],
             slot_failures=p["slot_failures"],
+            in_process_restart=p["in_process_restart"],
         )
         metrics = None
         if p.get("metrics") is not None:
@@ -210,6 +211,14 @@ def run_command(
     slot_failures: Annotated[
         int, typer.Option(help="local, with --min-nproc: consecutive failures of one slot that drop it.")
     ] = 2,
+    in_process_restart: Annotated[
+        bool,
+        typer.Option(
+            help="local: when a rank crashes or hangs, the other ranks keep their processes and rejoin "
+            "with a replacement (a new rendezvous round), instead of every rank restarting. Falls back "
+            "to a full restart where unsafe (docs/reliability.md, \"In-process restart\").",
+        ),
+    ] = False,
     progress: Annotated[
         bool | None, typer.Option(help="Live progress view (default: when stderr is a TTY).")
     ] = None,

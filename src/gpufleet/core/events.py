@@ -50,6 +50,7 @@ __all__ = [
     "RunStatus",
     "RollbackMode",
     "RestoreSource",
+    "RestartPath",
     "IntervalMode",
     "HeartbeatPhase",
     "TimingSection",
@@ -71,6 +72,7 @@ __all__ = [
     "Detected",
     "Teardown",
     "Restart",
+    "Rejoin",
     "Restore",
     "RestoreRejected",
     "Rollback",
@@ -177,6 +179,13 @@ class RestoreSource(enum.StrEnum):
     PEER_MEMORY = "peer_memory"  # another node's in-memory tier
     LOCAL = "local"
     S3 = "s3"
+
+
+class RestartPath(enum.StrEnum):
+    """How the supervisor recovered from a failure (``restart.path``)."""
+
+    FULL = "full"  # every worker stopped; all ranks start again (standby interpreters where there are)
+    IN_PROCESS = "in_process"  # survivors kept their process and rejoined; only the lost rank was replaced
 
 
 class IntervalMode(enum.StrEnum):
@@ -382,6 +391,19 @@ class Restart(Event):
 
     kind: ClassVar[str] = "restart"
     reason: str  # the failure cause that made the restart necessary
+    path: RestartPath = RestartPath.FULL  # how: every worker restarted, or only the lost one (in-process)
+    fallback: str | None = None  # in-process restart was on but unsafe here: why the full path was taken
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Rejoin(Event):
+    """A surviving rank left its failed collective and waits to rejoin in-process (every such rank).
+
+    ``t`` = ready to rejoin; ``attempt`` = the attempt it rejoins."""
+
+    kind: ClassVar[str] = "rejoin"
+    reason: str  # the collective's error, first line
+    abort_s: float  # abandoning the round: engine wait, process groups destroyed, objects freed
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -766,6 +788,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         Detected,
         Teardown,
         Restart,
+        Rejoin,
         Restore,
         RestoreRejected,
         Rollback,

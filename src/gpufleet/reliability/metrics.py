@@ -267,6 +267,8 @@ def _incident_dict(i: Any) -> dict[str, Any]:
         "restore_step": i.restore_step,
         "mttr_s": i.mttr,
         "phases_s": i.phases(),
+        "path": i.path,
+        "abort_s": i.abort_s,
         "recompute_s": i.recompute_s,
         "lost_steps": i.lost_steps,
         "failures": i.failures,

@@ -148,8 +148,8 @@ def render(summary: dict[str, Any], console: Console | None = None) -> None:
 
     if s["incidents"]:
         t = Table(title="Failures", title_justify="left")
-        for col in ("#", "cause", "rank", "step", "recovered", "MTTR", "lost steps", "recompute"):
-            t.add_column(col, justify="right" if col not in ("cause", "recovered") else "left")
+        for col in ("#", "cause", "rank", "step", "recovered", "path", "MTTR", "lost steps", "recompute"):
+            t.add_column(col, justify="right" if col not in ("cause", "recovered", "path") else "left")
         for i, inc in enumerate(s["incidents"], 1):
             t.add_row(
                 str(i),
@@ -157,6 +157,7 @@ def render(summary: dict[str, Any], console: Console | None = None) -> None:
                 str(inc["rank"] if inc["rank"] is not None else "—"),
                 str(inc["step"] if inc["step"] is not None else "—"),
                 "yes" if inc["recovered"] else "[red]no[/]",
+                inc["path"].replace("_", "-") if inc["recovered"] else "—",
                 fmt_s(inc["mttr_s"]),
                 str(inc["lost_steps"]),
                 fmt_s(inc["recompute_s"]),

@@ -93,6 +93,8 @@ class Incident:
     lost_steps: int = 0
     recompute_s: float = 0.0
     t_end: float | None = None  # session end, for an unrecovered incident
+    path: str = "full"  # the restart's path (restart.path): full, or in_process
+    abort_s: float | None = None  # in-process: the slowest survivor's abort (rejoin.abort_s)
 
     @property
     def recovered(self) -> bool:
@@ -249,6 +251,11 @@ class _Walker:
                     self.w.worker_ready.append(e)
                 case E.Restart():
                     sess.restarts += 1
+                    if inc is not None:
+                        inc.path = str(e.path)
+                case E.Rejoin():
+                    if inc is not None:
+                        inc.abort_s = max(inc.abort_s or 0.0, _f(e.abort_s))
                 case E.Failure():
                     if inc is not None and inc.attempt == attempt:
                         inc.secondary += 1

@@ -18,7 +18,7 @@ from gpufleet.train.straggler import StragglerConfig, StragglerDetector
 __all__ = ["AttemptMonitor"]
 
 # Events every rank sends that the ledger keeps; all others are kept from rank 0 only.
-_ALL_RANKS = (E.WorkerReady, E.Inject)
+_ALL_RANKS = (E.WorkerReady, E.Inject, E.Rejoin)
 
 
 @dataclass
@@ -164,4 +164,3 @@ class AttemptMonitor:
         culprit = min(live, key=behind)
         last = self.last_hb.get(culprit, self.started)
         return culprit, self.last_hb_wall.get(culprit, time.time() - (now - last))
-

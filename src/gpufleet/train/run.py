@@ -105,6 +105,8 @@ class Run:
         self._step_t0 = time.monotonic()
         self._fwd_s: float | None = None
         signal.signal(signal.SIGUSR1, self._on_stop_signal)
+        global _CURRENT
+        _CURRENT = self  # the in-process restart harness abandons it if a peer dies (inprocess.py)
         spawn_t = read_env(Env.SPAWN_T, float, t_init)
         self.sink.emit(E.WorkerReady(attempt=settings.attempt, init_s=round(time.time() - spawn_t, 4)))
 
@@ -471,6 +473,26 @@ class Run:
         if self.world_size > 1 and dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()
+
+
+_CURRENT: Run | None = None
+
+
+def abandon_current(wait_s: float) -> None:
+    """Let go of this process's :class:`Run` after a peer died (in-process restart), with no collective:
+    give its in-flight checkpoint ``wait_s`` seconds to notice the dead peer and stop, restore the
+    default SIGUSR1 handler, and forget it."""
+    global _CURRENT
+    run, _CURRENT = _CURRENT, None
+    if run is None:
+        return
+    run._finished = True
+    if run._engine is not None:
+        try:
+            run._engine.wait(timeout=wait_s)
+        except Exception:  # noqa: BLE001 - a save that cannot commit without its peer: the ledger has it
+            pass
+    signal.signal(signal.SIGUSR1, signal.SIG_DFL)
 
 
 class _ObservingSink:

@@ -46,6 +46,7 @@ FLAGS: dict[str, str] = {
     "cpu_affinity": "--cpu-affinity",
     "min_nproc": "--min-nproc",
     "slot_failures": "--slot-failures",
+    "in_process_restart": "--in-process-restart",
     **SETTING_FLAG,
 }
 _WORKER_FIELDS = ("checkpoint_every", "keep_last", "upload_url", "s3_endpoint", "mtbf_s", "memory_tier")
@@ -85,6 +86,7 @@ class SupervisorConfig(BaseModel):
     cpu_affinity: str = "none"  # none, auto, numa, or per-rank CPU lists (0-3:4-7)
     min_nproc: int | None = Field(None, ge=1)  # local: continue with fewer ranks, down to this
     slot_failures: int = Field(2, ge=1)  # local, with min_nproc: failures in a row that drop a slot
+    in_process_restart: bool = False  # local: survivors of a crash or hang rejoin in their own process
 
     _faults: list[Fault] = PrivateAttr(default_factory=list)
     _worker: RunSettings = PrivateAttr()
@@ -122,12 +124,27 @@ class SupervisorConfig(BaseModel):
                 raise ConfigError("--min-nproc is for the local backend (srun/slurm: --min-nodes)")
             if self.min_nproc > self.nproc:
                 raise ConfigError(f"--min-nproc {self.min_nproc} is more than --nproc-per-node {self.nproc}")
+        if self.in_process_restart:
+            from gpufleet.backends.local import python_entry
+
+            if self.backend != "local":
+                raise ConfigError(
+                    f"--in-process-restart is for the local backend; the {self.backend} backend restarts "
+                    "whole attempts"
+                )
+            if python_entry(self.command) is None:
+                raise ConfigError(
+                    "--in-process-restart needs a command of the form `python SCRIPT ...` or "
+                    "`python -m MODULE ...` (the harness runs it in the worker's own interpreter)"
+                )
 
     def backend_kwargs(self) -> dict[str, Any]:
         """The options the chosen backend is built with (besides ``standby``)."""
         out = dict(self.backend_options)
         if self.backend == "local" and self.min_nproc is not None:
             out.update(min_nproc=self.min_nproc, slot_failures=self.slot_failures)
+        if self.backend == "local" and self.in_process_restart:
+            out.update(in_process=True)
         return out
 
     @property

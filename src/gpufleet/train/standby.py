@@ -90,11 +90,12 @@ def main() -> None:
     if not line:  # the supervisor closed us: not needed
         return
     order = json.loads(line)
-    os.environ.update(order["env"])
-    os.environ[Env.SPAWN_T] = str(time.time())
-    sys.stdin.close()
-    os.close(0)
-    os.open(os.devnull, os.O_RDONLY)  # fd 0 again, so nothing else lands there
+    in_process = bool(order.get("in_process"))
+    if not in_process:  # one order only: stdin is done with
+        sys.stdin.close()
+        os.close(0)
+        os.open(os.devnull, os.O_RDONLY)  # fd 0 again, so nothing else lands there
+    _apply(order)
     restore_threads()  # where permitted, an import still running finishes at normal priority
     warm.join()
     restore_threads()
@@ -112,12 +113,26 @@ def main() -> None:
         os.dup2(fd, 2)
         os.close(fd)
     argv: list[str] = order["argv"]
+    if not order.get("module"):
+        sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+    if in_process:  # survive a peer's death in this process: the harness runs the script in rounds
+        from gpufleet.train.inprocess import serve
+
+        serve(order, sys.stdin, _apply)
+        return
     sys.argv = list(argv)
     if order.get("module"):
         runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
     else:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
         runpy.run_path(argv[0], run_name="__main__")
+
+
+def _apply(order: dict[str, object]) -> None:
+    """A round's environment (the rank, the rendezvous, the attempt), and when it was handed over."""
+    env = order["env"]
+    assert isinstance(env, dict)
+    os.environ.update(env)
+    os.environ[Env.SPAWN_T] = str(time.time())
 
 
 if __name__ == "__main__":

@@ -65,6 +65,7 @@ class Supervisor:
         self._stop_signals = 0
         self.faults = list(config.faults)
         self.rollback = RollbackPlanner(self.run_dir, window=config.worker.spike_window)
+        self._last_in_process_step: int | None = None  # the failure step of the last in-process restart
 
     # ------------------------------------------------------------------ public
     def run(self) -> Outcome:
@@ -132,20 +133,24 @@ class Supervisor:
         best_committed = -1
         progress_mark = -1
         attempt = 0
+        carried: Attempt | None = None  # the next attempt, already formed by an in-process restart
 
         def outcome(status: E.RunStatus, code: ExitCode, detail: str = "") -> Outcome:
             return Outcome(status, code, restarts, str(self.run_dir), detail)
 
         while True:
-            spec = self._spec(attempt)
-            if attempt:
-                self.backend.prepare(spec)  # standbys, unless the last attempt's are still there
-            run = self.backend.start(spec)  # a multi-node backend sets run.spec.nnodes for this attempt
-            if not attempt:
-                # The first attempt's spares warm now, at normal priority, while the workers start
-                # up; warmed later, at idle priority, they slowed a dozen of the first training steps
-                # (P9: 12-15 steps of +40 ms on 2 cores, 1.2-1.3x torchrun over 70 steps).
-                self.backend.prepare(run.spec, eager=True)
+            if carried is not None:
+                run, carried = carried, None
+            else:
+                spec = self._spec(attempt)
+                if attempt:
+                    self.backend.prepare(spec)  # standbys, unless the last attempt's are still there
+                run = self.backend.start(spec)  # a multi-node backend sets run.spec.nnodes for this attempt
+                if not attempt:
+                    # The first attempt's spares warm now, at normal priority, while the workers start
+                    # up; warmed later, at idle priority, they slowed a dozen of the first training steps
+                    # (P9: 12-15 steps of +40 ms on 2 cores, 1.2-1.3x torchrun over 70 steps).
+                    self.backend.prepare(run.spec, eager=True)
             ledger.emit(
                 E.AttemptStart(
                     attempt=attempt,
@@ -157,13 +162,16 @@ class Supervisor:
             mon = AttemptMonitor(run, ledger, attempt, self.cfg.hang_timeout_floor, self.cfg.init_timeout)
             try:
                 result = self._watch(run, mon, view, restarts)
-            finally:
+            except BaseException:
                 run.close()
+                raise
             best_committed = max(best_committed, mon.committed_step)
             if isinstance(result, E.RunStatus):  # completed / interrupted
+                run.close()
                 return outcome(result, ExitCode.OK)
             if isinstance(result, _ConfigError):  # a restart would fail the same way: end the run, exit 2
                 run.stop(self.cfg.grace_s)
+                run.close()
                 ledger.emit(E.GiveUp(reason=f"configuration error: {result.message}"))
                 return outcome(E.RunStatus.CONFIG_ERROR, ExitCode.USAGE, result.message)
             failure = result
@@ -182,50 +190,83 @@ class Supervisor:
             )
             detect_s = max(0.0, time.time() - (failure.happened_t or time.time()))
             ledger.emit(E.Detected(cause=failure.cause, attempt=attempt, detect_s=round(detect_s, 4)))
+            # In-process restart keeps the survivors running: only the lost rank is stopped (if alive).
+            fallback = self._in_process_unsafe(failure, mon, run) if self.cfg.in_process_restart else None
+            in_process = self.cfg.in_process_restart and fallback is None
             t0 = time.monotonic()
-            run.stop(self.cfg.grace_s)
+            if not in_process:
+                run.stop(self.cfg.grace_s)
             ledger.emit(E.Teardown(attempt=attempt, teardown_s=round(time.monotonic() - t0, 4)))
             self._drop_fired(mon.fired)
             # Multi-node backends: find lost nodes, isolate them, and say whether enough remain.
             verdict = self.backend.after_failure(run, ledger, blame=Blame(failure.rank, failure.cause))
+            why_end = None
+            status, code = E.RunStatus.NODES_LOST, ExitCode.FAILED
             if not verdict.restart:
-                ledger.emit(E.GiveUp(reason=verdict.reason))
-                return outcome(E.RunStatus.NODES_LOST, ExitCode.FAILED)
-            if self._stop_signals:
+                why_end = verdict.reason
+            elif self._stop_signals:
                 # Asked to stop (SIGTERM, or Slurm's time-limit USR1) while no attempt was running:
                 # the newest checkpoint is all there is to keep. A new attempt would only be signalled
                 # again while its ranks start up, before they can take a final checkpoint.
+                run.stop(self.cfg.grace_s)
+                run.close()
                 return outcome(E.RunStatus.INTERRUPTED, ExitCode.OK)
             if view is not None:
                 view.failure(failure.cause, failure.rank, mon.step)
             # Breakers, in order of specificity.
-            if failure.cause == E.FailureCause.SPIKE:
+            if why_end is None and failure.cause == E.FailureCause.SPIKE:
                 self.rollback.plan(
                     mon.spike_step if mon.spike_step is not None else mon.step, ledger, attempt
                 )
-                why = self.rollback.over_budget(self.cfg.max_rollbacks, self.cfg.rollback_window)
-                if why:
-                    ledger.emit(E.GiveUp(reason=why))
-                    return outcome(E.RunStatus.MAX_ROLLBACKS, ExitCode.MAX_ROLLBACKS)
-            else:
+                why_end = self.rollback.over_budget(self.cfg.max_rollbacks, self.cfg.rollback_window)
+                status, code = E.RunStatus.MAX_ROLLBACKS, ExitCode.MAX_ROLLBACKS
+            elif why_end is None:
                 self.rollback.clear_pending()
-            if best_committed > progress_mark:
-                progress_mark, no_progress = best_committed, 0
-            else:
-                no_progress += 1
-            if self.cfg.max_no_progress and no_progress >= self.cfg.max_no_progress:
-                why = f"{no_progress} consecutive restarts made no checkpoint progress"
-                ledger.emit(E.GiveUp(reason=why))
-                return outcome(E.RunStatus.NO_PROGRESS, ExitCode.NO_PROGRESS)
-            cfg = self.cfg
-            why = restart_budget_spent(restart_steps, mon.step, cfg.max_restarts, cfg.restart_window)
-            if why:
-                ledger.emit(E.GiveUp(reason=why))
-                return outcome(E.RunStatus.MAX_RESTARTS, ExitCode.MAX_RESTARTS)
+            if why_end is None:
+                if best_committed > progress_mark:
+                    progress_mark, no_progress = best_committed, 0
+                else:
+                    no_progress += 1
+                if self.cfg.max_no_progress and no_progress >= self.cfg.max_no_progress:
+                    why_end = f"{no_progress} consecutive restarts made no checkpoint progress"
+                    status, code = E.RunStatus.NO_PROGRESS, ExitCode.NO_PROGRESS
+            if why_end is None:
+                cfg = self.cfg
+                why_end = restart_budget_spent(restart_steps, mon.step, cfg.max_restarts, cfg.restart_window)
+                status, code = E.RunStatus.MAX_RESTARTS, ExitCode.MAX_RESTARTS
+            if why_end is not None:
+                run.stop(self.cfg.grace_s)  # the survivors an in-process restart would have kept
+                run.close()
+                ledger.emit(E.GiveUp(reason=why_end))
+                return outcome(status, code)
             restart_steps.append(mon.step)
             restarts += 1
             attempt += 1
-            ledger.emit(E.Restart(attempt=attempt, reason=failure.cause.value))
+            if in_process:
+                carried = self.backend.replace(run, {failure.rank}, self._spec(attempt))
+                if carried is None:
+                    fallback = f"the {self.backend.name} backend could not keep the survivors"
+                    run.stop(self.cfg.grace_s)
+                else:
+                    self._last_in_process_step = mon.step
+            run.close()  # after a handover: only what the next attempt did not take
+            path = E.RestartPath.IN_PROCESS if carried is not None else E.RestartPath.FULL
+            ledger.emit(E.Restart(attempt=attempt, reason=failure.cause.value, path=path, fallback=fallback))
+
+    def _in_process_unsafe(self, failure: _Failure, mon: AttemptMonitor, run: Attempt) -> str | None:
+        """Why this failure must be recovered by a full restart although in-process restart is on; None
+        when the survivors may keep their processes."""
+        if failure.cause == E.FailureCause.SPIKE:
+            return "a loss spike rolls every rank back through a full restart"
+        if len(run.workers) < 2:
+            return "a single rank has no survivors to keep"
+        if self._last_in_process_step == mon.step:
+            return f"a second failure at step {mon.step} after an in-process restart there"
+        codes = run.poll()
+        gone = [w.rank for w in run.workers if w.rank != failure.rank and codes.get(w.rank) is not None]
+        if gone:
+            return f"rank(s) {', '.join(map(str, gone))} exited too"
+        return None
 
     def _drop_fired(self, fired: list[E.Inject]) -> None:
         done = {f.fault_id for f in fired if not f.persist}

@@ -1,0 +1,159 @@
+"""In-process restart, the worker's side (``gpufleet run --in-process-restart``).
+
+A surviving rank does not exit when a peer dies. The failure reaches it as an error from a
+collective (gloo: "Connection closed by peer"; NCCL: a communicator error), raised somewhere in the
+user's script: DDP's backward, ``run.log``'s control all-reduce, a checkpoint collective. The
+script's stack unwinds; this harness, which ran the script with :mod:`runpy`, catches the error at
+the top, and
+
+1. **aborts**: the previous round's :class:`~gpufleet.train.run.Run` is abandoned (its checkpoint
+   engine given a bounded wait, no collective), every process group is destroyed, and the round's
+   objects (model, optimizer, loader and its worker processes) are released;
+2. **says so** on the control pipe (a ``rejoin`` event, with the error and the abort time);
+3. **waits for its order**: one JSON line on stdin from the supervisor, the same order a standby
+   interpreter receives (the new round's environment: a new rendezvous port, the attempt, the fault
+   plan), or ``{"exit": true}`` when the supervisor chose a full restart after all;
+4. **runs the script again**, in the same process: the interpreter, every imported module (torch),
+   thread pools and, on a GPU, the CUDA context are kept; ``gpufleet.init()`` forms the new process
+   group with the replacement rank, and ``run.restore`` rolls back to the newest checkpoint, from the
+   in-memory tier first (``--memory-tier``), exactly as a restarted process would, so the run stays
+   bit-identical.
+
+Only an error from a collective is survivable this way. Anything else (a bug in the script, a CUDA
+error, an out-of-memory) leaves the process as before, and the supervisor falls back to a full
+restart. So does a second failure at the same step (the supervisor's rule).
+
+The harness runs the script as ``__main__`` like the standby does (it *is* the standby's main loop
+when the order says ``"in_process": true``); the first attempt's ranks are started through it too.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import runpy
+import sys
+import time
+from typing import IO, Any
+
+from gpufleet.core.env import Env
+from gpufleet.core.exitcodes import ExitCode
+
+__all__ = ["serve", "survivable"]
+
+# How long an abandoned round's checkpoint engine may take to notice its dead peer and stop.
+_ABANDON_WAIT_S = 5.0
+
+# Messages of collective failures caused by a peer's death (gloo's pair errors, NCCL's remote errors).
+_PEER_LOST = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "remote worker crashing",
+    "remote process exited",
+    "ncclremoteerror",
+    "nccl communicator was aborted",
+    "connection refused",
+)
+# Errors that make the process itself suspect: never survived in-process.
+_FATAL = ("cuda error", "illegal memory access", "out of memory", "cudnn_status", "cublas_status")
+
+
+def survivable(exc: BaseException) -> bool:
+    """True when ``exc`` (or an exception in its cause/context chain) is a collective failing because a
+    peer is gone, and nothing in the chain is a device fault."""
+    seen: set[int] = set()
+    peer_lost = False
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, (KeyboardInterrupt, SystemExit, MemoryError)):
+            return False
+        text = f"{type(e).__name__} {e}".lower()
+        if any(s in text for s in _FATAL):
+            return False
+        if isinstance(e, RuntimeError) and any(s in text for s in _PEER_LOST):
+            peer_lost = True
+        if type(e).__name__ in ("DistNetworkError", "DistBackendError"):
+            peer_lost = True
+        e = e.__cause__ or e.__context__
+    return peer_lost
+
+
+def _run_script(argv: list[str], module: bool) -> None:
+    sys.argv = list(argv)
+    if module:
+        runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
+    else:
+        runpy.run_path(argv[0], run_name="__main__")
+
+
+def _abort() -> None:
+    """Leave the failed round: abandon its Run, destroy every process group, free its objects."""
+    from gpufleet.train import run as run_mod
+
+    run_mod.abandon_current(wait_s=_ABANDON_WAIT_S)
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()  # the default group and every group made from it
+    except Exception:  # noqa: BLE001 - a half-dead group may fail to tear down; the new round makes its own
+        pass
+    # The script's frames are gone: this frees its model, optimizer and loader workers (their cycles)
+    # before the next round allocates its own. It runs while the replacement rank starts up, which the
+    # new rendezvous waits for anyway.
+    gc.collect()
+
+
+def _emit(event: dict[str, Any]) -> None:
+    fd = os.environ.get(Env.CONTROL_FD)
+    if not fd:
+        return
+    line = (json.dumps(event, default=str) + "\n").encode()
+    try:
+        os.write(int(fd), line)
+    except (OSError, ValueError):
+        pass
+
+
+def serve(order: dict[str, Any], orders: IO[str], apply: Any) -> None:
+    """Run rounds of the script as ordered until one ends without a survivable failure.
+
+    ``order``: the first round's order (already read); ``orders``: where the next ones arrive;
+    ``apply(order)``: sets the round's environment (the standby's own order handling).
+    """
+    argv: list[str] = order["argv"]
+    module = bool(order.get("module"))
+    while True:
+        try:
+            _run_script(argv, module)
+            return  # the script ended normally: the process exits 0 (or the script's own code)
+        except BaseException as exc:
+            if not survivable(exc):
+                raise
+            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+            exc.__traceback__ = None  # the frames hold the round's objects
+            del exc
+        t0 = time.monotonic()
+        _abort()
+        _emit(
+            {
+                "ev": "rejoin",
+                "t": time.time(),
+                "rank": int(os.environ.get("RANK", "0")),
+                "attempt": int(os.environ.get(Env.ATTEMPT, "0")),
+                "reason": reason,
+                "abort_s": round(time.monotonic() - t0, 6),
+            }
+        )
+        line = orders.readline()
+        if not line:  # the supervisor went away or closed us: nothing to rejoin
+            sys.stdout.flush()
+            os._exit(ExitCode.FAILED)
+        order = json.loads(line)
+        if order.get("exit"):
+            sys.stdout.flush()
+            os._exit(ExitCode.FAILED)
+        apply(order)

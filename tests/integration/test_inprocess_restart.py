@@ -1,0 +1,97 @@
+"""In-process restart (`gpufleet run --in-process-restart`) on real multi-process gloo training.
+
+The survivors of a crash or a hang keep their process and rejoin a new rendezvous round with a
+replacement rank; the run still ends bit-identical to an unfailed one. Unsafe cases fall back to a
+full restart, and the ledger says which path was taken and why.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpufleet.core.ledger import read_events
+from support.toyrun import SCRIPT, assert_usage_error, final_sha, gpufleet_run
+
+pytestmark = pytest.mark.slow
+
+
+def _evs(run_dir: Path, name: str) -> list[dict]:
+    return [e for e in read_events(run_dir) if e["ev"] == name]
+
+
+@pytest.fixture(scope="module")
+def reference_sha(tmp_path_factory) -> str:
+    d = tmp_path_factory.mktemp("inproc-reference")
+    p = gpufleet_run(d, steps=30)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return final_sha(d)
+
+
+def test_crash_and_hang_recover_in_process_bit_identical(tmp_path, reference_sha):
+    p = gpufleet_run(
+        tmp_path,
+        "--in-process-restart",
+        "--memory-tier",
+        "64MiB",
+        "--inject",
+        "kill:rank=1,step=12,settle=1",
+        "--inject",
+        "hang:rank=0,step=22,settle=1",
+        steps=30,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert [e["cause"] for e in _evs(tmp_path, "failure")] == ["crash", "hang"]
+    restarts = _evs(tmp_path, "restart")
+    assert [e["path"] for e in restarts] == ["in_process", "in_process"]
+    assert all(e.get("fallback") is None for e in restarts)
+    # The survivor keeps its process: rank 0's pid across the crash, rank 1's across rank 0's hang.
+    pids = [e["pids"] for e in _evs(tmp_path, "attempt_start")]
+    assert len(pids) == 3
+    assert pids[1][0] == pids[0][0] and pids[1][1] != pids[0][1]
+    assert pids[2][1] == pids[1][1] and pids[2][0] != pids[1][0]
+    # Each survivor said why it left its collective; each new round restored from a checkpoint.
+    rejoins = _evs(tmp_path, "rejoin")
+    assert [(e["rank"], e["attempt"]) for e in rejoins] == [(0, 1), (1, 2)]
+    assert all(e["abort_s"] >= 0 and e["reason"] for e in rejoins)
+    restores = _evs(tmp_path, "restore")
+    assert [r["fresh"] for r in restores] == [True, False, False]
+    assert {r["source"] for r in restores[1:]} <= {"memory", "local"}
+    assert final_sha(tmp_path) == reference_sha
+
+
+def test_repeated_failure_at_one_step_falls_back_to_a_full_restart(tmp_path, reference_sha):
+    # persist=1: the kill fires again at step 12 after the first (in-process) restart.
+    p = gpufleet_run(
+        tmp_path, "--in-process-restart", "--inject", "kill:rank=1,step=12,settle=1,persist=1", steps=30
+    )
+    # The persistent drill fires on every attempt at step 12, so the run ends on its no-progress breaker.
+    assert p.returncode == 3, p.stderr[-3000:]
+    restarts = _evs(tmp_path, "restart")
+    assert restarts[0]["path"] == "in_process"
+    assert restarts[1]["path"] == "full"
+    assert "second failure at step" in restarts[1]["fallback"]
+    # A full restart replaces every process.
+    pids = [e["pids"] for e in _evs(tmp_path, "attempt_start")]
+    assert not set(pids[2]) & set(pids[1])
+
+
+def test_spike_takes_the_full_path_and_still_ends_bit_identical(tmp_path, reference_sha):
+    p = gpufleet_run(tmp_path, "--in-process-restart", "--inject", "nan:step=14", steps=30)
+    assert p.returncode == 0, p.stderr[-3000:]
+    (restart,) = _evs(tmp_path, "restart")
+    assert restart["path"] == "full" and "spike" in restart["fallback"]
+    assert final_sha(tmp_path) == reference_sha
+
+
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--in-process-restart", "--", "bash", "train.sh"], "python SCRIPT"),
+        (["--in-process-restart", "--backend", "srun", "--", sys.executable, SCRIPT], "local backend"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(tmp_path, flags, needle):
+    assert_usage_error(tmp_path / "r", flags, needle)
