@@ -459,6 +459,18 @@ class Run:
             self._engine.wait()
         self._close("completed")
 
+    def abandon(self, wait_s: float) -> None:
+        """Give this run up after a peer died (the in-process restart harness), with no collective: the
+        in-flight checkpoint gets ``wait_s`` seconds to notice the dead peer and stop; SIGUSR1 gets its
+        default handler back. The process group is the harness's to destroy."""
+        self._finished = True
+        if self._engine is not None:
+            try:
+                self._engine.wait(timeout=wait_s)
+            except Exception:  # noqa: BLE001 - a save that cannot commit without its peer: the ledger has it
+                pass
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+
     def _heartbeat_phase(self, phase: str) -> None:
         # Tells the supervisor's hang detector that a long, step-less phase (final save) is starting.
         if self.supervised:
@@ -484,15 +496,8 @@ def abandon_current(wait_s: float) -> None:
     default SIGUSR1 handler, and forget it."""
     global _CURRENT
     run, _CURRENT = _CURRENT, None
-    if run is None:
-        return
-    run._finished = True
-    if run._engine is not None:
-        try:
-            run._engine.wait(timeout=wait_s)
-        except Exception:  # noqa: BLE001 - a save that cannot commit without its peer: the ledger has it
-            pass
-    signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    if run is not None:
+        run.abandon(wait_s)
 
 
 class _ObservingSink:
