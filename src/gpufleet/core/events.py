@@ -764,6 +764,23 @@ class K8sAction(Event):
     check: str | None = None  # the check behind a cordon
 
 
+class RayActionKind(enum.StrEnum):
+    QUARANTINE = "quarantine"  # a detached actor holds all of the node's gpufleet resource
+    RELEASE = "release"  # that hold ended
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RayAction(Event):
+    """gpufleet quarantined or released a Ray node, or declined to (fleet ledger): the audit trail."""
+
+    kind: ClassVar[str] = "ray_action"
+    node: str  # the node (first 12 hex digits of its Ray node id)
+    action: RayActionKind  # what was asked
+    result: ActionResult  # done; refused (breaker open, no resource to hold, not held); failed (Ray error)
+    reason: str  # the quarantine's reason (done), or why not
+    check: str | None = None  # the check (or operator) behind it
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class UnknownEvent(Event):
     """A ledger line this reader could not type: an unknown kind (a newer writer, say) or fields that
@@ -816,6 +833,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         SlurmActionFailed,
         OperatorAction,
         K8sAction,
+        RayAction,
     )
 }
 """Every event kind by its ``ev`` string."""
