@@ -39,6 +39,7 @@ from gpufleet.checkpoint.manifest import (
 )
 from gpufleet.checkpoint.memtier import MemoryKeeper, keeper_dir
 from gpufleet.checkpoint.onepass import ScratchPool
+from gpufleet.checkpoint.peer import PeerTier
 from gpufleet.checkpoint.reader import FastReader, MemReader
 from gpufleet.checkpoint.retention import select_deletions
 from gpufleet.checkpoint.staging import StageJob, Stager
@@ -109,9 +110,15 @@ class CheckpointEngine:
         self._memory: Path | None = None
         self._keeper: MemoryKeeper | None = None
         self._memory_warned = False
+        # Ranks on several nodes: node parts replicated to a peer node's keeper instead (peer.py).
+        self._peer: PeerTier | None = None
         if config.memory_bytes > 0:
             self._memory = Path(config.memory_dir) if config.memory_dir else keeper_dir(config.dir)
-            if rank == 0:
+            if self._distributed:
+                self._peer = PeerTier.setup(self._memory, config.memory_bytes, rank, self.pg, sink)
+            if self._peer is not None:
+                self._memory = None  # the keeper holds node parts: peer.py restores them
+            elif rank == 0:
                 self._keeper = MemoryKeeper(self._memory, config.memory_bytes)
         if rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -241,6 +248,8 @@ class CheckpointEngine:
             self._error = f"checkpoint at step {job.step} failed: {reason}"
             return
         if self.rank != 0:
+            if self._peer is not None:
+                self._peer.keep(job.step, final)
             return
         assert files is not None
         nbytes = sum(f.bytes for f in files.values())
@@ -259,6 +268,8 @@ class CheckpointEngine:
         self._retain()
         if self._keeper is not None:
             self._keep_in_memory(job.step, final)
+        if self._peer is not None:
+            self._peer.keep(job.step, final)
         if self.config.upload_url:
             self._upload(job.step, final, stream)
 
@@ -447,7 +458,9 @@ class CheckpointEngine:
                 found_box[0] = restore.choose(ctx, max_step, None)
                 return None if found_box[0] is None else found_box[0][:4]
 
-            choice = restore.agree_on_choice(ctx, decide)
+            choice = self._peer.restore(ctx, max_step) if self._peer is not None else None
+            if choice is None:  # not in any node's memory: local disk, then S3
+                choice = restore.agree_on_choice(ctx, decide)
         if choice is None:
             return None
         step, path, source, meta = choice
@@ -461,6 +474,8 @@ class CheckpointEngine:
                 loaded.release()
         if self._distributed:
             restore.forget_choice(ctx)  # dcp.load was a collective: every rank has read the choice
+            if self._peer is not None:
+                self._peer.forget()
         self._newest_verified = step
         return LoadResult(
             step=step,

@@ -44,6 +44,7 @@ __all__ = [
     "KeepResult",
     "MemoryKeeper",
     "keeper_dir",
+    "manifest_bytes",
     "release",
 ]
 
@@ -90,7 +91,7 @@ class KeepResult:
     """Why it was not kept."""
 
 
-def _manifest_bytes(manifest: Manifest) -> int:
+def manifest_bytes(manifest: Manifest) -> int:
     # write_manifest's own encoding: what the copy's manifest.json will weigh
     return len((json.dumps(manifest.to_json(), indent=1, default=str) + "\n").encode())
 
@@ -145,8 +146,10 @@ class MemoryKeeper:
         (path / MANIFEST_NAME).unlink(missing_ok=True)  # invisible first, then gone
         shutil.rmtree(path, ignore_errors=True)
 
-    def _sweep(self) -> None:
+    def sweep(self) -> None:
         """Remove what a killed copy left: temp dirs and step dirs without a valid manifest."""
+        if not self.root.is_dir():
+            return
         valid = {p.name for p, _ in self.committed()}
         for p in self.root.iterdir():
             if (
@@ -168,7 +171,7 @@ class MemoryKeeper:
         """Copy the committed checkpoint ``src`` (whose manifest is ``manifest``) into memory,
         verifying every file against the manifest while copying; evict the oldest copies for room."""
         src = Path(src)
-        need = manifest.total_bytes + _manifest_bytes(manifest)
+        need = manifest.total_bytes + manifest_bytes(manifest)
 
         def result(kept: bool, **kw: object) -> KeepResult:
             return KeepResult(
@@ -187,7 +190,7 @@ class MemoryKeeper:
                 f"({self.budget_bytes} bytes); disk and S3 still hold it",
             )
         self.root.mkdir(parents=True, exist_ok=True)
-        self._sweep()
+        self.sweep()
         self.evict(manifest.step)  # a step saved again (after a rollback): the new one replaces it
         evicted: list[int] = []
         for path, m in sorted(self.committed(), key=lambda pm: pm[1].step):  # oldest first
