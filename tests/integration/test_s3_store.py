@@ -329,6 +329,7 @@ def test_streaming_upload_sends_each_file_once_the_rest_from_disk(
     src = tmp_path / "src"
     files = make_checkpoint(src, big_mib=12)
     big, small = files["__0_0.distcp"], files["__1_0.distcp"]
+    assert len(small) < 5 * MiB
     with FlakyProxy(s3_server.endpoint, error_rate=0.0) as proxy:
         store = S3Store(s3_url, proxy.endpoint, **SMALL_PARTS, max_concurrency=2, **FAST)
         stream = store.streaming_upload("step_7")
@@ -336,12 +337,12 @@ def test_streaming_upload_sends_each_file_once_the_rest_from_disk(
         sink.write(big[: 6 * MiB])  # a first 5 MiB part goes at once ...
         held = [stream._slots.acquire() for _ in range(2)]  # (waits for it) ... then every slot is busy:
         sink.write(memoryview(big)[6 * MiB :])  # the rest of this file is left to the local copy
-        stream.stream("__1_0.distcp").write(small)  # below one part: sent when the stream finishes
+        stream.stream("__1_0.distcp").write(small)  # below one part: left to one plain PUT
         for _ in held:
             stream._slots.release()
         assert store.list_prefixes() == []
         uploaded = stream.finish(src)
-        assert uploaded == {"__0_0.distcp": len(big), "__1_0.distcp": len(small)}
+        assert uploaded == {"__0_0.distcp": len(big)}
         assert store.list_prefixes() == []  # shards complete, no manifest yet: still invisible
         assert store.upload_dir(src, "step_7", uploaded=uploaded) == sum(len(v) for v in files.values())
         assert store.list_prefixes() == ["step_7"]
@@ -352,7 +353,7 @@ def test_streaming_upload_sends_each_file_once_the_rest_from_disk(
     big_puts = [p for p in puts if "__0_0.distcp" in p]
     assert len(big_puts) == 3 and all("partNumber=" in p for p in big_puts)  # 5 + 5 + 2 MiB, never whole
     small_puts = [p for p in puts if "__1_0.distcp" in p]
-    assert len(small_puts) == 1 and "partNumber=1" in small_puts[0]  # one last part at the finish
+    assert len(small_puts) == 1 and "partNumber=" not in small_puts[0]  # sent whole, once
 
 
 def test_a_failed_stream_is_aborted_and_its_file_sent_whole(s3_server, s3_url: str, tmp_path: Path) -> None:

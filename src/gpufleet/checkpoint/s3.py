@@ -637,7 +637,8 @@ class StreamingUpload:
     when every upload slot is busy (S3 slower than the disk), a sink stops buffering and remembers
     where it stopped. After the local commit, :meth:`finish` sends the rest of such files from the
     local copy into the same multipart uploads, sends every last part, completes the uploads and
-    returns ``{name: size}`` of the files now in S3. A file whose stream failed (a part out of
+    returns ``{name: size}`` of the files now in S3 (a file below one part is left to a plain
+    PUT: a multipart upload would cost two more requests). A file whose stream failed (a part out of
     retries) is aborted and left out; ``S3Store.upload_dir(uploaded=...)`` then sends it whole, and
     the manifest last, so a torn stream is never visible as a checkpoint.
     Memory: one part buffer per open file plus at most ``max_concurrency`` parts in flight."""
@@ -798,6 +799,9 @@ class _PartSink:
         of the file read back from ``path``). Blocks for upload slots; never raises."""
         if self.error is not None or self.size == 0:
             return
+        if not self._parts and not self._tail:  # below one part: one plain PUT by upload_dir is cheaper
+            self.size, self._buf = 0, None
+            return
         try:
             if not self._tail:
                 if self._fill and self._buf is not None:
@@ -822,7 +826,7 @@ class _PartSink:
         """Wait for every part, complete the upload; False (and aborted) on any failure."""
         store = self._owner._store
         if self.error is None and self.size == 0:
-            return False  # an empty file: nothing opened, the ordinary upload creates it
+            return False  # empty or below one part: nothing opened, the ordinary upload sends it
         try:
             etags = [(n, f.result()) for n, f in self._parts]
             if self.error is not None:
