@@ -60,7 +60,7 @@ class Agent:
         self.spec = spec
         self.node = node
         self.grace_s = grace_s
-        self.backend = LocalBackend(standby=False)
+        self.backend = LocalBackend(standby=False, host_store=False)  # node 0's rank 0 hosts the store
         self._term = False
         self._usr1 = False
         self._worker_code: int | None = None

@@ -70,6 +70,7 @@ class LocalBackend(Backend):
         min_nproc: int | None = None,
         slot_failures: int = 2,
         in_process: bool = False,
+        host_store: bool = True,
     ) -> None:
         if min_nproc is not None and min_nproc < 1:
             raise ConfigError(f"--min-nproc must be >= 1, got {min_nproc}")
@@ -80,6 +81,10 @@ class LocalBackend(Backend):
         self.min_nproc = min_nproc
         self.slot_failures = slot_failures
         self.in_process = in_process  # ranks run under the in-process restart harness (train/inprocess.py)
+        # The attempt's rendezvous store lives here, not in rank 0 (see _RendezvousStore); off where
+        # this backend starts one node's ranks of a multi-node job (the agent).
+        self.host_store = host_store
+        self._store: _RendezvousStore | None = None
         self.slots: list[int] | None = None  # worker slots in use (local ranks of the first attempt)
         self.dropped: list[int] = []
         self._strikes: tuple[int, int] | None = None  # (slot, consecutive failures blamed on it)
@@ -116,6 +121,8 @@ class LocalBackend(Backend):
         slots = self.active_slots(spec)
         spec.nproc_per_node = len(slots)  # fewer after a slot was dropped: the world size shrinks
         launched = [self._launch(spec, local_rank) for local_rank in range(spec.nproc_per_node)]
+        if self.host_store:  # after the spawns: the ranks import torch meanwhile, and retry until it is up
+            self._store = _RendezvousStore(spec)
         return _attempt(spec, launched)
 
     def replace(self, attempt: Attempt, lost: Collection[int], spec: LaunchSpec) -> ProcessAttempt | None:
@@ -138,6 +145,8 @@ class LocalBackend(Backend):
         if any(codes[r] is not None for r in survivors) or any(r not in attempt.orders for r in survivors):
             return None
         attempt.kill(lost)
+        if self.host_store:  # up before any rank of the new round asks for it
+            self._store = _RendezvousStore(spec)
         kept = attempt.handover(survivors)
         launched: list[_Launched] = []
         for local_rank in range(spec.nproc_per_node):
@@ -157,6 +166,8 @@ class LocalBackend(Backend):
         res = self._plan(spec, spec.nproc_per_node)[local_rank]
         devices = visible_devices(self.active_slots(spec), os.environ) if self.dropped else {}
         env = {**spec.env, **spec.rank_env(local_rank), **devices}
+        if self.host_store:  # torch's env:// rendezvous: every rank a client of this process's store
+            env[AGENT_STORE_ENV] = "True"
         threads = thread_env(res.threads, {**os.environ, **env})
         env.update(threads)
         return env, bool(threads)
@@ -251,6 +262,7 @@ class LocalBackend(Backend):
 
     def close(self) -> None:
         self._discard_standbys()
+        self._store = None
 
     # -- helpers -------------------------------------------------------------------------------
     def active_slots(self, spec: LaunchSpec) -> list[int]:
@@ -302,6 +314,35 @@ _Launched = tuple[Worker, "subprocess.Popen[bytes]", int, Any]  # worker, proces
 def _attempt(spec: LaunchSpec, launched: list[_Launched]) -> ProcessAttempt:
     orders = {w.rank: o for w, _, _, o in launched if o is not None}
     return ProcessAttempt(spec, [(w, p, fd) for w, p, fd, _ in launched], group=True, orders=orders)
+
+
+AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"  # torch.distributed.rendezvous reads it
+
+
+class _RendezvousStore:
+    """An attempt's torch.distributed rendezvous store (a c10d ``TCPStore`` server), hosted by the
+    supervisor as torchrun's agent hosts it, a new one on a new port for every attempt.
+
+    Hosted by rank 0 instead, a rank that reaches ``init_process_group`` before rank 0 has started the
+    server backs off and retries: 0.13-0.5 s lost on the recovery path, measured on the CI host, every
+    time a replacement rank came up before the rank that hosts the store (in-process restart: the
+    replacement is a warm standby, the survivor is still aborting its round). ``torch`` is imported
+    here, in the supervisor, after the first attempt's ranks were spawned.
+    """
+
+    def __init__(self, spec: LaunchSpec) -> None:
+        import datetime
+
+        from torch.distributed import TCPStore
+
+        self.store = TCPStore(
+            spec.master_addr,
+            spec.master_port,
+            spec.world_size,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=datetime.timedelta(seconds=300),
+        )
 
 
 def visible_devices(slots: list[int], environ: Mapping[str, str]) -> dict[str, str]:

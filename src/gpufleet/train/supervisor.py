@@ -248,10 +248,16 @@ class Supervisor:
                     fallback = f"the {self.backend.name} backend could not keep the survivors"
                     run.stop(self.cfg.grace_s)
                 else:
-                    self._last_in_process_step = mon.step
+                    self._last_in_process_step = self._failed_at(failure, mon)
             run.close()  # after a handover: only what the next attempt did not take
             path = E.RestartPath.IN_PROCESS if carried is not None else E.RestartPath.FULL
             ledger.emit(E.Restart(attempt=attempt, reason=failure.cause.value, path=path, fallback=fallback))
+
+    @staticmethod
+    def _failed_at(failure: _Failure, mon: AttemptMonitor) -> int:
+        """Where the failed rank was: the step of its last heartbeat (rank 0's progress, which the
+        other ranks' events may or may not have reached, is a noisier mark)."""
+        return mon.hb_step.get(failure.rank, mon.step)
 
     def _in_process_unsafe(self, failure: _Failure, mon: AttemptMonitor, run: Attempt) -> str | None:
         """Why this failure must be recovered by a full restart although in-process restart is on; None
@@ -260,8 +266,9 @@ class Supervisor:
             return "a loss spike rolls every rank back through a full restart"
         if len(run.workers) < 2:
             return "a single rank has no survivors to keep"
-        if self._last_in_process_step == mon.step:
-            return f"a second failure at step {mon.step} after an in-process restart there"
+        at = self._failed_at(failure, mon)
+        if self._last_in_process_step == at:
+            return f"a second failure at step {at} after an in-process restart there"
         codes = run.poll()
         gone = [w.rank for w in run.workers if w.rank != failure.rank and codes.get(w.rank) is not None]
         if gone:
