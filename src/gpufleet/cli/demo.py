@@ -23,6 +23,12 @@ def demo(
         None, "--progress/--no-progress", help="Live progress view (default: when stderr is a terminal)."
     ),
     no_plot: bool = typer.Option(False, "--no-plot", help="Do not write the timeline PNG."),
+    in_process: bool = typer.Option(
+        True,
+        "--in-process-restart/--full-restart",
+        help="Recover the crash and the hang in-process (survivors keep their processes); the NaN "
+        "always takes a full restart.",
+    ),
 ) -> int:
     """Run the fault-tolerance demo: reference run, faulted run, report, exact-recovery check."""
     from rich.console import Console
@@ -38,6 +44,7 @@ def demo(
         checkpoint_every=checkpoint_every,
         progress=sys.stderr.isatty() if progress is None else progress,
         plot=not no_plot,
+        in_process=in_process,
     )
     result = run_demo(cfg, Console())
     if result.exit_code:

@@ -29,6 +29,7 @@ class DemoConfig:
     max_restarts: int = 8
     progress: bool = True
     plot: bool = True
+    in_process: bool = True  # the faulted run recovers crashes and hangs in-process where it is safe
     extra_args: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:

@@ -75,6 +75,7 @@ def _supervise(cfg: DemoConfig, run_dir: Path, inject: list[str], name: str) -> 
         hang_timeout_floor=cfg.hang_timeout_floor,
         checkpoint_every=str(cfg.checkpoint_every),
         progress=cfg.progress,
+        in_process_restart=cfg.in_process and cfg.nproc > 1,
     )
     t0 = time.monotonic()
     out = Supervisor(scfg).run()
