@@ -186,6 +186,7 @@ def test_sigterm_takes_a_final_checkpoint_and_exits_cleanly(tmp_path):
         (["--checkpoint-every", "often", "--", "python", "x.py"], "invalid checkpoint interval"),
         (["-n", "0", "--", "python", "x.py"], "nproc"),
         (["--backend", "moon", "--", "python", "x.py"], "valid backends: local"),
+        (["--straggler-action", "bogus", "--", "python", "x.py"], "'record' or 'restart'"),
         (["--bogus-flag", "--", "python", "x.py"], "bogus"),
     ],
 )

@@ -184,16 +184,24 @@ class SrunBackend(Backend):
 
     def after_failure(self, attempt: Attempt, ledger: EventSink, blame: Blame | None = None) -> Verdict:
         """Isolate lost nodes; restart on the healthy ones, or give up so the job requeues."""
-        del blame  # a node is judged lost by its missing exit report and a failed probe, not by blame
         run_dir = self._run_dir or Path(".")
         number = attempt.spec.attempt
         silent = [w.node for w in attempt.workers if w.node and exit_report(run_dir, number, w.node) is None]
         lost = [n for n in silent if not self.probe(n)]
+        # A node is judged lost by its missing exit report and a failed probe, not by blame; a straggler
+        # (--straggler-action restart) is the exception: its node is slow, so it leaves the job too.
+        if blame is not None and blame.cause == E.FailureCause.STRAGGLER:
+            slow = next((w.node for w in attempt.workers if blame.rank in w.ranks and w.node), None)
+            if slow is not None and slow not in lost and slow in self.healthy:
+                reason = f"persistent straggler (rank {blame.rank}) in attempt {number}"
+                self._isolate(slow, reason, ledger, check="straggler")
+                self.healthy.remove(slow)
+                self.lost.append(slow)
         for node in lost:
             reason = f"agent vanished in attempt {number} and srun probe failed"
             job = os.environ.get("SLURM_JOB_ID")
             ledger.emit(E.NodeLost(node=node, attempt=number, reason=reason, job=job))
-            self._isolate(node, reason, ledger)
+            self._isolate(node, reason, ledger, check="node-lost")
             self.healthy.remove(node)
             self.lost.append(node)
         if len(self.healthy) >= self.min_nodes:
@@ -206,13 +214,13 @@ class SrunBackend(Backend):
             f"need {self.min_nodes}: requeue without {','.join(self.lost)}",
         )
 
-    def _isolate(self, node: str, reason: str, ledger: EventSink) -> None:
+    def _isolate(self, node: str, reason: str, ledger: EventSink, check: str) -> None:
         from gpufleet.health.nodes import record_state
         from gpufleet.health.slurm import SlurmActions, SlurmError
 
-        record_state(node, "suspect", reason, component="host", check="node-lost")
+        record_state(node, "suspect", reason, component="host", check=check)  # its reputation drops
         try:
-            SlurmActions(sink=ledger).drain(node, "node-lost", reason, component="host")
+            SlurmActions(sink=ledger).drain(node, check, reason, component="host")
         except SlurmError as e:
             ledger.emit(E.SlurmActionFailed(node=node, action=E.SlurmActionKind.DRAIN, error=str(e)))
             print(f"gpufleet: could not drain {node}: {e}", file=sys.stderr)

@@ -121,6 +121,7 @@ class RunRequest:
             min_nproc=p["min_nproc"],
             slot_failures=p["slot_failures"],
             in_process_restart=p["in_process_restart"],
+            straggler_action=p["straggler_action"],
         )
         metrics = None
         if p.get("metrics") is not None:
@@ -219,6 +220,15 @@ def run_command(
             "to a full restart where unsafe (docs/reliability.md, \"In-process restart\").",
         ),
     ] = False,
+    straggler_action: Annotated[
+        str,
+        typer.Option(
+            metavar="record|restart",
+            help="What a persistent straggler rank triggers: record (the ledger and report say so) or "
+            "restart (a failure: the fast restart path; the srun/Slurm backend drains its node and "
+            "lowers its reputation in the fleet ledger).",
+        ),
+    ] = "record",
     progress: Annotated[
         bool | None, typer.Option(help="Live progress view (default: when stderr is a TTY).")
     ] = None,

@@ -151,6 +151,7 @@ class FailureCause(enum.StrEnum):
     CRASH = "crash"  # a rank exited non-zero or was killed by a signal
     HANG = "hang"  # a rank stopped heartbeating
     SPIKE = "spike"  # the loss guard fired (spike or NaN; the ``spike`` event says which)
+    STRAGGLER = "straggler"  # a persistent straggler, with --straggler-action restart (``straggler`` event)
 
 
 class RunStatus(enum.StrEnum):

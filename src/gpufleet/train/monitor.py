@@ -45,6 +45,7 @@ class AttemptMonitor:
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=200))
     started: float = field(default_factory=time.monotonic)
     stragglers: StragglerConfig | None = field(default_factory=StragglerConfig)  # None: do not look
+    straggler: E.Straggler | None = None  # the first straggler flagged in this attempt
     _unknown: set[str] = field(default_factory=set)  # kinds of worker events that could not be typed
     _detector: StragglerDetector | None = None
     _tail: float | None = None  # the slow tail of step_times, kept until the next step event
@@ -112,6 +113,7 @@ class AttemptMonitor:
             assert found.rank is not None
             event = dataclasses.replace(found, attempt=self.attempt, node=nodes.get(found.rank))
             self.ledger.emit(event)
+            self.straggler = self.straggler or event
             where = f" on {event.node}" if event.node else ""
             print(
                 f"gpufleet: rank {event.rank}{where} is a straggler: {event.section} {event.seconds:.3g} s "

@@ -12,7 +12,7 @@ read (the variable table and the worker contract).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -47,6 +47,7 @@ FLAGS: dict[str, str] = {
     "min_nproc": "--min-nproc",
     "slot_failures": "--slot-failures",
     "in_process_restart": "--in-process-restart",
+    "straggler_action": "--straggler-action",
     **SETTING_FLAG,
 }
 _WORKER_FIELDS = ("checkpoint_every", "keep_last", "upload_url", "s3_endpoint", "mtbf_s", "memory_tier")
@@ -87,6 +88,7 @@ class SupervisorConfig(BaseModel):
     min_nproc: int | None = Field(None, ge=1)  # local: continue with fewer ranks, down to this
     slot_failures: int = Field(2, ge=1)  # local, with min_nproc: failures in a row that drop a slot
     in_process_restart: bool = False  # local: survivors of a crash or hang rejoin in their own process
+    straggler_action: Literal["record", "restart"] = "record"  # restart: a persistent straggler is a failure
 
     _faults: list[Fault] = PrivateAttr(default_factory=list)
     _worker: RunSettings = PrivateAttr()

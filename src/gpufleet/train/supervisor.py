@@ -338,6 +338,17 @@ class Supervisor:
                     detail=f"killed by signal {sig}" if sig else f"exit code {c}",
                     node=w.node,
                 )
+            if self.cfg.straggler_action == "restart" and mon.straggler is not None:
+                s = mon.straggler
+                assert s.rank is not None
+                return _Failure(
+                    E.FailureCause.STRAGGLER,
+                    s.rank,
+                    happened_t=s.t,
+                    detail=f"straggler: {s.section} {s.seconds:.3g} s per step against {s.peers_s:.3g} s "
+                    f"({s.ratio:.2f}x) for {s.windows} windows",
+                    node=s.node,
+                )
             hung = mon.hung_rank(codes)
             if hung is not None:
                 rank, last_wall = hung
