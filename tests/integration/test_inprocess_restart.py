@@ -7,6 +7,7 @@ full restart, and the ledger says which path was taken and why.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -56,6 +57,9 @@ def test_crash_and_hang_recover_in_process_bit_identical(tmp_path, reference_sha
     rejoins = _evs(tmp_path, "rejoin")
     assert [(e["rank"], e["attempt"]) for e in rejoins] == [(0, 1), (1, 2)]
     assert all(e["abort_s"] >= 0 and e["reason"] for e in rejoins)
+    text = (tmp_path / "ledger.jsonl").read_text()  # strict JSON: no NaN from a worker's event
+    lines = "[" + ",".join(text.splitlines()) + "]"
+    json.loads(lines, parse_constant=lambda c: pytest.fail(f"{c} in the ledger"))
     restores = _evs(tmp_path, "restore")
     assert [r["fresh"] for r in restores] == [True, False, False]
     assert {r["source"] for r in restores[1:]} <= {"memory", "local"}

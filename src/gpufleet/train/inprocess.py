@@ -107,15 +107,19 @@ def _abort() -> None:
     gc.collect()
 
 
-def _emit(event: dict[str, Any]) -> None:
+def _rejoin(reason: str, abort_s: float) -> None:
+    """Tell the supervisor (the ``rejoin`` event, on the control pipe every rank inherits)."""
+    from gpufleet.core import events as E
+    from gpufleet.core.ledger import PipeSink
+
     fd = os.environ.get(Env.CONTROL_FD)
     if not fd:
         return
-    line = (json.dumps(event, default=str) + "\n").encode()
+    rank = int(os.environ.get("RANK", "0"))
     try:
-        os.write(int(fd), line)
+        PipeSink(int(fd), rank).emit(E.Rejoin(reason=reason[:300], abort_s=round(abort_s, 6)))
     except (OSError, ValueError):
-        pass
+        pass  # no usable channel: the supervisor still sees the failure and orders us
 
 
 def serve(order: dict[str, Any], orders: IO[str], apply: Any) -> None:
@@ -138,16 +142,7 @@ def serve(order: dict[str, Any], orders: IO[str], apply: Any) -> None:
             del exc
         t0 = time.monotonic()
         _abort()
-        _emit(
-            {
-                "ev": "rejoin",
-                "t": time.time(),
-                "rank": int(os.environ.get("RANK", "0")),
-                "attempt": int(os.environ.get(Env.ATTEMPT, "0")),
-                "reason": reason,
-                "abort_s": round(time.monotonic() - t0, 6),
-            }
-        )
+        _rejoin(reason, time.monotonic() - t0)
         line = orders.readline()
         if not line:  # the supervisor went away or closed us: nothing to rejoin
             sys.stdout.flush()
