@@ -53,7 +53,9 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def _command(launcher: str, work: Path, args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
-    common = ["--steps", str(args.steps), "--width", str(args.width), "--kill-step", str(args.kill_step)]
+    common = ["--steps", str(args.steps), "--width", str(args.width)]
+    if not args.hang:
+        common += ["--kill-step", str(args.kill_step)]
     # No thread pinning: each launcher's own defaults decide, as for a user's script.
     env = {**os.environ, "BENCH_OUT": str(work / "out")}
     env.pop("OMP_NUM_THREADS", None)
@@ -69,6 +71,8 @@ def _command(launcher: str, work: Path, args: argparse.Namespace) -> tuple[list[
             cmd.append("--no-standby")
         if launcher == "gpufleet-in-process":
             cmd.append("--in-process-restart")
+        if args.hang:  # rank 1 stops at the step; only the supervisor's hang detector can notice
+            cmd += ["--inject", f"hang:rank=1,step={args.kill_step}", "--hang-timeout", str(args.hang_timeout)]
         cmd += ["--", sys.executable, str(SCRIPTS / "mttr_gpufleet.py"), *common]
     else:
         cmd = [
@@ -100,6 +104,12 @@ def one_trial(launcher: str, args: argparse.Namespace, root: Path, i: int) -> di
     crash = _read_jsonl(work / "out" / "crash.jsonl")
     steps = _read_jsonl(work / "out" / "steps.jsonl")
     out: dict[str, Any] = {"launcher": launcher, "trial": i, "rc": rc, "wall_s": wall, "ok": False}
+    if args.hang and rc == 0:  # the hang's start: rank 1's last heartbeat, as the supervisor's ledger has it
+        from gpufleet.core.ledger import read_events
+        from gpufleet.reliability.metrics import summarize
+
+        inc = summarize(read_events(work / "run"))["incidents"]
+        crash = [{"t": inc[0]["happened_t"], "step": inc[0]["step"]}] if inc else []
     if rc != 0 or not crash:
         out["error"] = f"exit {rc}, crash recorded: {bool(crash)}; log {work / 'log.txt'}"
         return out
@@ -248,6 +258,13 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--ckpt-every", type=int, default=10)
     ap.add_argument("--kill-step", type=int, default=25)
+    ap.add_argument(
+        "--hang",
+        action="store_true",
+        help="a hang of rank 1 at --kill-step instead of a crash (gpufleet launchers only: torchrun "
+        "has no hang detection); MTTR from the ledger (hang start = rank 1's last heartbeat)",
+    )
+    ap.add_argument("--hang-timeout", type=float, default=5.0, help="--hang: gpufleet's hang timeout floor")
     ap.add_argument("--timeout", type=float, default=180.0, help="per launch, seconds")
     ap.add_argument("--launchers", default=",".join(LAUNCHERS))
     ap.add_argument(
@@ -259,6 +276,8 @@ def main() -> int:
     ap.add_argument("--out", default=str(RESULTS / "p3_mttr.json"))
     args = ap.parse_args()
     launchers = [x for x in args.launchers.split(",") if x]
+    if args.hang:
+        launchers = [x for x in launchers if x.startswith("gpufleet")]
     root = Path(tempfile.mkdtemp(prefix="p3_mttr_"))
     load_start = os.getloadavg()
     trials = []
@@ -295,7 +314,7 @@ def main() -> int:
             "state_bytes": state,
             "steps": args.steps,
             "checkpoint_every_steps": args.ckpt_every,
-            "kill": f"rank 1 SIGKILL at step {args.kill_step}, first attempt only",
+            "fault": (f"rank 1 hangs at step {args.kill_step} (hang timeout {args.hang_timeout} s)" if args.hang else f"rank 1 SIGKILL at step {args.kill_step}, first attempt only"),
             "repeats": args.repeats,
             "torchrun_flags": "--standalone --nproc-per-node 2 --max-restarts 3",
             "torchrun_env": {} if args.torchrun_shared_store else {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
