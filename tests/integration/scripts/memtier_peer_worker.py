@@ -1,8 +1,8 @@
 """One rank of a multi-node checkpoint job for the peer memory tier tests (real gloo, real DCP).
 
 ``save STEPS``: saves each step of a deterministic state, waits for it (commit + peer replication).
-``load [MAX_STEP]``: loads into a blank state, checks it bit-exact against the state of the step it
-got, prints one JSON line (step, source, path).
+``load [MAX_STEP ...]``: for each MAX_STEP (0: the newest) loads into a blank state, checks it
+bit-exact against the state of the step it got, prints one JSON line (step, source, path).
 ``--kill-at N --kill-after-step S``: SIGKILL this rank at the N-th peer message it sends or receives
 once step S's replication started (messages are 4 KiB here, so N picks a point inside the bytes).
 """
@@ -39,6 +39,7 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=4 << 20)
     ap.add_argument("--kill-at", type=int, default=None)
     ap.add_argument("--kill-after-step", type=int, default=None)
+    ap.add_argument("--then-load", action="store_true", help="save mode: then load the newest, as load does")
     args = ap.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo")
@@ -71,17 +72,17 @@ def main() -> None:
             armed["on"] = step == args.kill_after_step
             assert eng.save(step, state(step, rank), meta={"world_size": world}, force=True)
             eng.wait()
-    else:
+    loads = ([0] if args.then_load else []) if args.mode == "save" else (args.steps or [0])
+    for max_step in loads:  # 0: the newest
         got = state(0, rank, blank=True)
-        r = eng.load(got, max_step=args.steps[0] if args.steps else None)
+        r = eng.load(got, max_step=max_step or None)
         if r is None:
             out = {"rank": rank, "step": None}
         else:
             ref = state(r.step, rank)
             same = all(torch.equal(got[k][s], ref[k][s]) for k in ("model", "optim") for s in ref[k])
-            same = (
-                same and torch.equal(got[f"rng.rank{rank}"], ref[f"rng.rank{rank}"]) and got["step"] == r.step
-            )
+            same = same and torch.equal(got[f"rng.rank{rank}"], ref[f"rng.rank{rank}"])
+            same = same and got["step"] == r.step
             out = {"rank": rank, "step": r.step, "source": r.source, "path": r.path, "exact": same}
         print(json.dumps(out), flush=True)
     eng.close()
