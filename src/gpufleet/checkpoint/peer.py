@@ -455,7 +455,12 @@ class PeerTier:
         disk_json, transfers = plan[0]
         disk = Manifest.from_json(disk_json)
         t0 = time.perf_counter()
-        problem = self._assemble(disk, transfers) if topo.leader else None
+        problem = None
+        if topo.leader:
+            try:
+                problem = self._assemble(disk, transfers)
+            except Exception as e:  # noqa: BLE001 - a part gone or a peer lost mid-transfer: next tier
+                problem = f"memory copy unusable: {failure_reason(e)}"
         verdicts: list[Any] = [None] * len(topo.node_of)
         dist.all_gather_object(verdicts, problem, group=self.pg)
         path = self.root / RESTORE_DIR / step_dirname(disk.step)
