@@ -108,7 +108,9 @@ def phase_prune(work: Path, target: float, tokens: int, variants: list[str]) -> 
     _merge({"prune": recs, "target": target, "calibration_tokens": tokens})
 
 
-def phase_heal(work: Path, steps: int, batch: int, seq_len: int, lr: float) -> None:
+def phase_heal(
+    work: Path, steps: int, batch: int, seq_len: int, lr: float, name: str = "best-healed"
+) -> None:
     dense = dense_dir(work)
     load0 = os.getloadavg()
     t0 = time.monotonic()
@@ -124,7 +126,7 @@ def phase_heal(work: Path, steps: int, batch: int, seq_len: int, lr: float) -> N
             "--teacher",
             str(dense),
             "-o",
-            str(work / "best-healed"),
+            str(work / name),
             "--steps",
             str(steps),
             "--batch",
@@ -141,10 +143,10 @@ def phase_heal(work: Path, steps: int, batch: int, seq_len: int, lr: float) -> N
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if p.returncode:
         raise SystemExit(f"heal failed with exit {p.returncode}")
-    res = json.loads((work / "best-healed.run" / "heal_result.json").read_text())
+    res = json.loads((work / f"{name}.run" / "heal_result.json").read_text())
     _merge(
         {
-            "heal": {
+            ("heal" if name == "best-healed" else f"heal:{name}"): {
                 "steps": steps,
                 "batch": batch,
                 "seq_len": seq_len,
@@ -159,6 +161,7 @@ def phase_heal(work: Path, steps: int, batch: int, seq_len: int, lr: float) -> N
                 ),
                 "loadavg_start": load0,
                 "loadavg_end": os.getloadavg(),
+                "omp_threads": os.environ.get("OMP_NUM_THREADS", "gpufleet run's default (CPUs / workers)"),
             }
         }
     )
@@ -181,7 +184,9 @@ def phase_eval(work: Path, tokens: int, names: list[str]) -> None:
     _merge({"eval": res})
 
 
-def phase_speed(work: Path, rounds: int) -> None:
+def phase_speed(work: Path, rounds: int, repeats: int = 1, threads: int = 2, reuse: bool = False) -> None:
+    """Dense and best-healed Q8_0 in alternation, ``rounds`` rounds of ``repeats`` (median inside a
+    round); ``reuse`` keeps GGUFs already exported. Earlier runs stay in ``speed_runs``."""
     from gpufleet.compress.evaluate import llama_cpp_speed
 
     out = {}
@@ -189,19 +194,26 @@ def phase_speed(work: Path, rounds: int) -> None:
         src = work / name
         if not src.is_dir():
             continue
+        gguf = work / f"export-{name}" / "model-q8_0.gguf"
+        if reuse and gguf.is_file() and gguf.stat().st_mtime > (src / "model.safetensors").stat().st_mtime:
+            prev = json.loads((work / f"export-{name}" / "export.json").read_text())
+            out[name] = prev
+            continue
         out[name] = _cli("export", str(src), "-o", str(work / f"export-{name}"), "--formats", "q8_0")
     paths = {n: work / f"export-{n}" / "model-q8_0.gguf" for n in out}
     samples: dict[str, dict[str, list[float]]] = {n: {"prefill_tok_s": [], "decode_tok_s": []} for n in paths}
     loads = []
     for _ in range(rounds):  # alternate, so a load change on the shared host hits both alike
         for n, p in paths.items():
-            s = llama_cpp_speed(p, repeats=1)
+            s = llama_cpp_speed(p, repeats=repeats, threads=threads)
             for k, v in s.items():
                 samples[n][k].append(v)
             loads.append(os.getloadavg()[0])
     med = {n: {k: statistics.median(v) for k, v in s.items()} for n, s in samples.items()}
     speed = {
         "rounds": rounds,
+        "repeats_per_round": repeats,
+        "threads": threads,
         "samples": samples,
         "median": med,
         "loadavg": loads,
@@ -213,7 +225,18 @@ def phase_speed(work: Path, rounds: int) -> None:
             med["best-healed"]["prefill_tok_s"] / med["dense"]["prefill_tok_s"], 3
         )
         speed["decode_speedup"] = round(med["best-healed"]["decode_tok_s"] / med["dense"]["decode_tok_s"], 3)
-    _merge({"speed": speed})
+        # per round (both measured back to back), the ratio; its median is robust to a neighbour's burst
+        for k in ("prefill", "decode"):
+            ratios = [
+                b / d
+                for d, b in zip(
+                    samples["dense"][f"{k}_tok_s"], samples["best-healed"][f"{k}_tok_s"], strict=True
+                )
+            ]
+            speed[f"{k}_speedup_paired_median"] = round(statistics.median(ratios), 3)
+    cur = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    runs = cur.get("speed_runs", [])
+    _merge({"speed": speed, "speed_runs": [*runs, speed]})
 
 
 def phase_serve(work: Path, slo: str, workload: str, duration: int, max_rate: float) -> None:
@@ -376,8 +399,12 @@ def main() -> None:
     ap.add_argument("--heal-batch", type=int, default=4)
     ap.add_argument("--heal-seq-len", type=int, default=256)
     ap.add_argument("--heal-lr", type=float, default=3e-4)
+    ap.add_argument("--heal-name", default="best-healed", help="heal phase: output model name under --work")
     ap.add_argument("--eval-tokens", type=int, default=8192)
     ap.add_argument("--speed-rounds", type=int, default=5)
+    ap.add_argument("--speed-repeats", type=int, default=1, help="measurements per model per round (median)")
+    ap.add_argument("--speed-threads", type=int, default=2)
+    ap.add_argument("--speed-reuse", action="store_true", help="reuse Q8_0 exports newer than the model")
     ap.add_argument("--slo", default="ttft=2s,tpot=100ms")
     ap.add_argument("--workload", default="in=fixed:128;out=fixed:32")
     ap.add_argument("--serve-duration", type=int, default=20)
@@ -390,11 +417,11 @@ def main() -> None:
     if a.phase in ("prune", "all"):
         phase_prune(a.work, a.target, a.calib_tokens, a.variants.split(","))
     if a.phase in ("heal", "all"):
-        phase_heal(a.work, a.heal_steps, a.heal_batch, a.heal_seq_len, a.heal_lr)
+        phase_heal(a.work, a.heal_steps, a.heal_batch, a.heal_seq_len, a.heal_lr, a.heal_name)
     if a.phase in ("eval", "all"):
         phase_eval(a.work, a.eval_tokens, a.eval_models.split(","))
     if a.phase in ("speed", "all"):
-        phase_speed(a.work, a.speed_rounds)
+        phase_speed(a.work, a.speed_rounds, a.speed_repeats, a.speed_threads, a.speed_reuse)
     if a.phase in ("serve", "all"):
         phase_serve(a.work, a.slo, a.workload, a.serve_duration, a.serve_max_rate)
     print(json.dumps(json.loads(RESULTS.read_text()), indent=1)[:4000])
