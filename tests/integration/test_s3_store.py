@@ -335,11 +335,11 @@ def test_streaming_upload_sends_each_file_once_the_rest_from_disk(
         stream = store.streaming_upload("step_7")
         sink = stream.stream("__0_0.distcp")
         sink.write(big[: 6 * MiB])  # a first 5 MiB part goes at once ...
-        held = [stream._slots.acquire() for _ in range(2)]  # (waits for it) ... then every slot is busy:
+        held = [stream.slots.acquire() for _ in range(2)]  # (waits for it) ... then every slot is busy:
         sink.write(memoryview(big)[6 * MiB :])  # the rest of this file is left to the local copy
         stream.stream("__1_0.distcp").write(small)  # below one part: left to one plain PUT
         for _ in held:
-            stream._slots.release()
+            stream.slots.release()
         assert store.list_prefixes() == []
         uploaded = stream.finish(src)
         assert uploaded == {"__0_0.distcp": len(big)}

@@ -445,6 +445,50 @@ class S3Store:
             self._wait(attempt, op, what, last)
         raise RetryableStorageError(f"{last} (gave up after {self.max_attempts} attempts)") from last
 
+    # -- multipart pieces, with the same retries (StreamingUpload's parts) ------------------------
+    @property
+    def part_size(self) -> int:
+        """Bytes per multipart part (S3's 5 MiB minimum at least)."""
+        return max(5 * MiB, self._transfer_config.multipart_chunksize)
+
+    @property
+    def concurrency(self) -> int:
+        """Parallel requests one transfer may have in flight."""
+        return max(1, self._transfer_config.max_request_concurrency)
+
+    def create_multipart(self, key: str) -> str:
+        """Open a multipart upload of ``key``; its id."""
+        resp = self._call(
+            "upload", key, lambda: self._client.create_multipart_upload(Bucket=self.bucket, Key=key)
+        )
+        return str(resp["UploadId"])
+
+    def upload_part(self, key: str, upload_id: str, number: int, body: Any) -> str:
+        """Send part ``number`` of an open multipart upload; its ETag."""
+        resp = self._call(
+            "upload",
+            f"{key} part {number}",
+            lambda: self._client.upload_part(
+                Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body
+            ),
+        )
+        return str(resp["ETag"])
+
+    def complete_multipart(self, key: str, upload_id: str, etags: list[tuple[int, str]]) -> None:
+        """Complete a multipart upload from its parts' (number, ETag)."""
+        parts = [{"PartNumber": n, "ETag": e} for n, e in etags]
+        self._call(
+            "upload",
+            key,
+            lambda: self._client.complete_multipart_upload(
+                Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+            ),
+        )
+
+    def abort_multipart(self, key: str, upload_id: str) -> None:
+        """Abort a multipart upload (one attempt: S3 lifecycle rules reap what this misses)."""
+        self._client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+
     def _transfer(self, jobs: list[_Job], *, upload: bool) -> None:
         """Upload ``jobs`` in parallel (s3transfer); retry the failed ones in rounds with backoff."""
         from boto3.s3.transfer import create_transfer_manager
@@ -644,21 +688,23 @@ class StreamingUpload:
     Memory: one part buffer per open file plus at most ``max_concurrency`` parts in flight."""
 
     def __init__(self, store: S3Store, base: str) -> None:
-        self._store = store
+        self.store = store
         self._base = base
-        self._part = max(5 * MiB, store._transfer_config.multipart_chunksize)  # S3's minimum part
-        workers = max(1, store._transfer_config.max_request_concurrency)
-        self._slots = threading.BoundedSemaphore(workers)
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="s3put")
+        self._part = store.part_size
+        workers = store.concurrency
+        self.slots = threading.BoundedSemaphore(workers)  # upload slots: a part in flight holds one
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="s3put")
         self._sinks: dict[str, _PartSink] = {}
         self._lock = threading.Lock()
         self._free: list[bytearray] = []  # part buffers back from the pool, reused
 
-    def _buffer(self) -> bytearray:
+    def take_buffer(self) -> bytearray:
+        """A part buffer (a recycled one when there is one)."""
         with self._lock:
             return self._free.pop() if self._free else bytearray(self._part)
 
-    def _recycle(self, buf: bytearray | None) -> None:
+    def recycle(self, buf: bytearray | None) -> None:
+        """Give a part buffer back for reuse."""
         if buf is not None and len(buf) == self._part:
             with self._lock:
                 self._free.append(buf)
@@ -682,7 +728,7 @@ class StreamingUpload:
                 if sink.complete():
                     done[sink.name] = sink.size
         finally:
-            self._pool.shutdown(wait=True)
+            self.pool.shutdown(wait=True)
         return done
 
     def abort(self) -> None:
@@ -692,7 +738,7 @@ class StreamingUpload:
                 sink.fail(RuntimeError("the local save failed"))
                 sink.complete()
         finally:
-            self._pool.shutdown(wait=True)
+            self.pool.shutdown(wait=True)
 
 
 def _read_full(f: Any, view: memoryview) -> int:
@@ -713,7 +759,7 @@ class _PartSink:
         self.name = name
         self.key = key
         self.size = 0  # bytes the writer produced
-        self._buf: bytearray | None = owner._buffer()
+        self._buf: bytearray | None = owner.take_buffer()
         self._fill = 0
         self._sent = 0  # bytes handed to upload threads: the local file's rest starts here
         self._tail = False  # no free slot once: the rest comes from the local file after the commit
@@ -739,60 +785,46 @@ class _PartSink:
                 view = view[k:]
                 if self._fill == len(self._buf):
                     if self._submit(self._buf, self._fill, block=False):
-                        self._buf, self._fill = self._owner._buffer(), 0
+                        self._buf, self._fill = self._owner.take_buffer(), 0
                     else:  # every slot busy: keep the writer going, send the rest from the file
                         self._tail = True
-                        self._owner._recycle(self._buf)
+                        self._owner.recycle(self._buf)
                         self._buf, self._fill = None, 0
         except BaseException as e:  # noqa: BLE001 - the local write must go on; the file is re-sent later
             self.fail(e)
 
     def _submit(self, buf: bytearray, used: int, *, block: bool) -> bool:
-        if not self._owner._slots.acquire(blocking=block):
+        if not self._owner.slots.acquire(blocking=block):
             return False
         number = len(self._parts) + 1
         try:
-            self._parts.append((number, self._owner._pool.submit(self._put, number, buf, used)))
+            self._parts.append((number, self._owner.pool.submit(self._put, number, buf, used)))
         except BaseException:
-            self._owner._slots.release()
+            self._owner.slots.release()
             raise
         self._sent += used
         return True
 
     def _ensure_upload(self) -> str:
         """The multipart upload's id, created by the first part (on an upload thread)."""
-        store = self._owner._store
         with self._upload_lock:
             if self._upload_id is None:
-                resp = store._call(
-                    "upload",
-                    self.key,
-                    lambda: store._client.create_multipart_upload(Bucket=store.bucket, Key=self.key),
-                )
-                self._upload_id = str(resp["UploadId"])
+                self._upload_id = self._owner.store.create_multipart(self.key)
             return self._upload_id
 
     def _put(self, number: int, buf: bytearray, used: int) -> str:
-        store = self._owner._store
         body = buf if used == len(buf) else memoryview(buf)[:used].tobytes()
         try:
             if self.error is not None:
                 raise RuntimeError("stream dropped")
             upload_id = self._ensure_upload()
-            resp = store._call(
-                "upload",
-                f"{self.key} part {number}",
-                lambda: store._client.upload_part(
-                    Bucket=store.bucket, Key=self.key, UploadId=upload_id, PartNumber=number, Body=body
-                ),
-            )
-            return str(resp["ETag"])
+            return self._owner.store.upload_part(self.key, upload_id, number, body)
         except BaseException as e:
             self.fail(e)
             raise
         finally:
-            self._owner._recycle(buf)
-            self._owner._slots.release()
+            self._owner.recycle(buf)
+            self._owner.slots.release()
 
     def send_rest(self, path: Path) -> None:
         """After the commit: queue the parts the stream did not send (the last one, or the tail
@@ -811,10 +843,10 @@ class _PartSink:
             with open(path, "rb") as f:
                 f.seek(self._sent)
                 while self.error is None:
-                    buf = self._owner._buffer()
+                    buf = self._owner.take_buffer()
                     n = _read_full(f, memoryview(buf))
                     if not n:
-                        self._owner._recycle(buf)
+                        self._owner.recycle(buf)
                         return
                     self._submit(buf, n, block=True)
                     if n < len(buf):
@@ -824,7 +856,7 @@ class _PartSink:
 
     def complete(self) -> bool:
         """Wait for every part, complete the upload; False (and aborted) on any failure."""
-        store = self._owner._store
+        store = self._owner.store
         if self.error is None and self.size == 0:
             return False  # empty or below one part: nothing opened, the ordinary upload sends it
         try:
@@ -833,18 +865,7 @@ class _PartSink:
                 raise self.error
             if self._sent != self.size or self._upload_id is None:
                 raise RuntimeError(f"sent {self._sent} of {self.size} bytes")
-            parts = [{"PartNumber": n, "ETag": e} for n, e in etags]
-            upload_id = self._upload_id
-            store._call(
-                "upload",
-                self.key,
-                lambda: store._client.complete_multipart_upload(
-                    Bucket=store.bucket,
-                    Key=self.key,
-                    UploadId=upload_id,
-                    MultipartUpload={"Parts": parts},
-                ),
-            )
+            store.complete_multipart(self.key, self._upload_id, etags)
             return True
         except BaseException as e:  # noqa: BLE001 - logged; the file goes the ordinary way
             self.fail(e)
@@ -854,8 +875,7 @@ class _PartSink:
                 f.exception()  # wait: no part may land after the abort
             if self._upload_id is not None:
                 try:
-                    client = store._client
-                    client.abort_multipart_upload(Bucket=store.bucket, Key=self.key, UploadId=self._upload_id)
+                    store.abort_multipart(self.key, self._upload_id)
                 except Exception as err:  # noqa: BLE001 - best effort; S3 lifecycle rules reap the rest
                     log.warning("s3 abort of %s failed: %s", self.key, err)
             return False
