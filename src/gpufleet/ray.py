@@ -19,8 +19,11 @@ gpufleet adds verified checkpoints with exact resume, and the loss-spike/NaN gua
 
 When a worker dies, Ray Train restarts the group and ``run.restore`` resumes every rank from the newest
 *verified* gpufleet checkpoint, at the exact sample (``StepSampler``). A spike raises
-:class:`SpikeDetected` (Ray Train counts it as a failure); unlike ``gpufleet run``, nothing here skips
-the offending batch on the retry (that needs gpufleet's supervisor: ``gpufleet run --backend ray``).
+:class:`SpikeDetected` on every rank (the loss is agreed across ranks first); Ray Train counts it as a
+worker-group failure and retries within ``max_failures``. Unlike ``gpufleet run``, nothing here skips
+the offending batch on the retry (that needs gpufleet's supervisor: ``gpufleet run --backend ray``),
+and a checkpoint still persisting when the group fails may be lost with it (the retry then resumes
+from the verified one before). tests/integration/test_ray_backend.py runs both failures in one fit.
 Ray is imported lazily (the ``ray`` extra).
 """
 

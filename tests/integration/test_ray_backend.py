@@ -223,24 +223,39 @@ def test_health_sweep_cli_quarantines_the_failing_node_and_release_returns_it(tm
 TRAINER = str(Path(__file__).parent / "scripts" / "ray_trainer.py")
 
 
-@pytest.mark.skipif(
-    not os.environ.get("GPUFLEET_TEST_RAY_TRAIN"),
-    reason="opt-in (GPUFLEET_TEST_RAY_TRAIN=1): two Ray Train worker groups take 60-80 s on 2 cores",
-)
-def test_torchtrainer_loop_resumes_from_gpufleets_verified_checkpoint(tmp_path):
-    """gpufleet.ray in a Ray Train TorchTrainer: rank 1 dies at step 12, Ray Train restarts the group
-    (FailureConfig(max_failures=1)), and every rank resumes from gpufleet's newest verified checkpoint
-    (step 10), seeing each later step once."""
+def test_torchtrainer_loop_resumes_from_gpufleets_verified_checkpoint_after_a_crash_and_a_spike(tmp_path):
+    """gpufleet.ray in a Ray Train TorchTrainer (2 workers, FailureConfig(max_failures=2)), one fit:
+    rank 1 dies at step 6, then gpufleet's NaN drill fires at step 10 and the spike guard raises
+    SpikeDetected on every rank. Each time Ray Train restarts the worker group and every rank resumes
+    from gpufleet's newest verified checkpoint, and the third group runs the remaining steps once each
+    and completes the run."""
     d = tmp_path / "run"
     d.mkdir()
-    argv = [sys.executable, TRAINER, "--address", ray_address(), "--run-dir", str(d), "--crash-at", "12"]
+    argv = [sys.executable, TRAINER, "--address", ray_address(), "--run-dir", str(d), "--steps", "14",
+            "--crash-at", "6", "--nan-at", "10"]  # fmt: skip
     p = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0 and '"error": null' in p.stdout, p.stdout[-2000:] + p.stderr[-3000:]
-    assert (d / "crashed").read_text() == "12"
-    out = final(d)
-    assert out["start"] == 10 and out["steps"] == list(range(10, 24))
-    restores = evs(d, "restore")
-    assert [r["step"] for r in restores] == [0, 10] and not restores[-1]["fresh"]  # rank 0 writes the ledger
+    assert (d / "crashed").read_text() == "6" and (d / "spiked").read_text() == "10"
+    events = read_events(d)  # rank 0 writes the run's ledger; all three groups append to it
+    restores = [e for e in events if e["ev"] == "restore"]
+    # a fresh start, then two retries, each from the newest verified checkpoint when its group failed:
+    # each drill waited for the checkpoint before it to commit, so those are steps 4 and 8
+    assert [(r["step"], r["fresh"]) for r in restores] == [(0, True), (4, False), (8, False)]
+    for r in restores[1:]:
+        assert (
+            Path(r["path"]).name == f"step_{r['step']:08d}" and (Path(r["path"]) / "manifest.json").exists()
+        )
+    # the spike: gpufleet's drill fired (inject), the guard saw the non-finite loss (spike) in the second
+    # group, before the third group's restore
+    second = events[events.index(restores[1]) : events.index(restores[2])]
+    drill = [(e["ev"], e["step"]) for e in second if e["ev"] in ("inject", "spike")]
+    assert drill == [("inject", 10), ("spike", 10)]
+    assert next(e for e in second if e["ev"] == "inject")["kind"] == "nan"
+    assert "non-finite" in next(e for e in second if e["ev"] == "spike")["reason"]
+    assert not [e for e in events[events.index(restores[2]) :] if e["ev"] in ("inject", "spike")]
+    out = final(d)  # written by the last group's rank 0: it ran each remaining step once
+    assert out["start"] == 8 and out["steps"] == list(range(8, 14))
+    assert [e["status"] for e in events if e["ev"] == "run_end"] == ["completed"]
 
 
 def test_a_node_that_keeps_failing_is_excluded(tmp_path, monkeypatch):
