@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 SCRIPTS = Path(__file__).parent / "scripts"
 WORKER = str(SCRIPTS / "memtier_peer_worker.py")
 TOY = str(SCRIPTS / "toy_train.py")
-TRIALS = int(os.environ.get("GPUFLEET_TEST_PEER_TRIALS", "2"))  # CI; 30 were run locally
+TRIALS = int(os.environ.get("GPUFLEET_TEST_PEER_TRIALS", "1"))  # CI: 1; 30 were run locally
 
 
 def evs(run_dir: Path, name: str) -> list[dict]:
