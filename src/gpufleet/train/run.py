@@ -140,17 +140,9 @@ class Run:
         return self._engine
 
     def _memory_budget(self) -> int:
-        """The in-memory tier's budget: on when every rank runs on this node (no cross-node peer
-        replication yet, and restore reads rank 0's choice from this node's memory)."""
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", str(self.world_size)))
-        if self.settings.memory_tier and local != self.world_size and self.is_main:
-            print(
-                f"gpufleet: --memory-tier is off: the {self.world_size} ranks span nodes "
-                f"({local} on this one); the in-memory tier needs them on one node",
-                file=sys.stderr,
-                flush=True,
-            )
-            return 0
+        """The in-memory tier's budget. With ranks on several nodes (``LOCAL_WORLD_SIZE`` <
+        ``WORLD_SIZE``) the engine replicates each node's part to a peer node's memory
+        (checkpoint/peer.py); on one node it keeps whole checkpoints (checkpoint/memtier.py)."""
         return self.settings.memory_tier
 
     def _mtbf_estimate(self) -> tuple[float | None, str]:
