@@ -259,18 +259,28 @@ def test_torchtrainer_loop_resumes_from_gpufleets_verified_checkpoint_after_a_cr
 
 
 def test_a_node_that_keeps_failing_is_excluded(tmp_path, monkeypatch):
-    """Rank 1's node is blamed for two failures in a row (node_failures=2): it is marked suspect and
-    kept out of the next placement group, which then packs both ranks on the other node."""
+    """One node is blamed for two failures in a row (node_failures=2): it is marked suspect and kept
+    out of the next placement group, which then packs both ranks on the other node. The failing rank
+    is whichever runs on that node (the first attempt's rank 1's): placement groups do not promise a
+    rank the same node twice."""
     from gpufleet.backends import Blame, LaunchSpec
     from gpufleet.backends.ray import RayBackend
     from gpufleet.core import events as E
     from gpufleet.core.ledger import Ledger
 
     monkeypatch.setenv("GPUFLEET_FLEET_DIR", str(tmp_path / "fleet"))
+    marker = tmp_path / "bad_node"
     script = tmp_path / "w.py"
-    script.write_text("import os, sys\nsys.exit(3 if os.environ['RANK'] == '1' else 0)\n")
+    script.write_text(
+        "import os, pathlib, sys\n"
+        f"bad = pathlib.Path({str(marker)!r})\n"
+        "fail = os.environ['GPUFLEET_NODE'] == bad.read_text() if bad.exists() else "
+        "os.environ['RANK'] == '1'\n"
+        "sys.exit(3 if fail else 0)\n"
+    )
     (tmp_path / "run").mkdir()
     backend = RayBackend(address=ray_address(), nodes=2, agent_grace_s=1.0)
+    bad = None
     try:
         with Ledger(tmp_path / "run") as ledger:
             for attempt in range(2):
@@ -280,11 +290,16 @@ def test_a_node_that_keeps_failing_is_excluded(tmp_path, monkeypatch):
                 )  # fmt: skip
                 run = backend.start(spec)
                 wait_for(lambda run=run: None not in run.poll().values(), 90, "the attempt to end")
-                assert run.poll() == {0: 0, 1: 3}
-                bad = run.workers[1].node
+                codes = run.poll()
+                assert sorted(codes.values()) == [0, 3], codes
+                failed = next(r for r, c in codes.items() if c == 3)
+                node = next(w.node for w in run.workers if w.rank == failed)
+                assert bad is None or node == bad  # the second time: the same node failed
+                bad = node
+                marker.write_text(bad)
                 run.stop(0.5)
                 run.close()
-                verdict = backend.after_failure(run, ledger, Blame(1, E.FailureCause.CRASH))
+                verdict = backend.after_failure(run, ledger, Blame(failed, E.FailureCause.CRASH))
                 assert verdict.restart
         assert [node_name_of(n) for n in backend.excluded] == [bad]
         (state,) = evs(tmp_path / "run", "node_state")
