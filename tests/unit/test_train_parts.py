@@ -75,6 +75,22 @@ def test_injector_targets_ranks_and_fires_once():
     assert other.loss(3, 2.0) == 2.0
 
 
+def test_slow_drill_is_recorded_once_and_keeps_slowing_its_attempt(monkeypatch):
+    """A slow rank's drill fires (an inject event, which the supervisor drops before the next attempt)
+    at the first step it slows, and goes on slowing every step of that attempt."""
+    slept: list[float] = []
+    monkeypatch.setattr("gpufleet.train.faults.time.sleep", slept.append)
+    fired: list = []
+    inj = FaultInjector(parse_faults(["slow:rank=1,delay=5ms,from=2"]), rank=1, emit=fired.append)
+    for step in range(5):
+        inj.before_step(step)
+    assert slept == [0.005] * 3
+    assert [(e.fault, e.step, e.persist) for e in fired] == [("slow", 2, False)]
+    other = FaultInjector(parse_faults(["slow:rank=1,delay=5ms"]), rank=0, emit=fired.append)
+    other.before_step(0)
+    assert len(fired) == 1 and slept == [0.005] * 3
+
+
 def test_settle_waits_for_the_checkpoint_before_the_fault_fires():
     assert parse_fault("kill:rank=1,step=4,settle=1").settle
     assert not parse_fault("hang:step=4").settle

@@ -15,7 +15,9 @@ ckpt_corrupt   a byte of that checkpoint is flipped after commit       step
 =============  =====================================================  ==========================
 
 A fault fires once: the supervisor drops fired faults before restarting. ``persist=1`` makes it fire
-again after every restart (a data-caused spike, say). ``rank`` defaults to 0 (``nan``/``spike``: all).
+again after every restart (a data-caused spike, say). ``slow`` fires at the first step it slows (its
+``inject`` event) and slows that whole attempt; the next one runs at full speed unless it persists.
+``rank`` defaults to 0 (``nan``/``spike``: all).
 ``settle=1`` (kill, hang) first waits for the rank's in-flight checkpoint save to commit, so the drill
 tests recovery from a known checkpoint instead of racing a persist that machine load may slow down.
 """
@@ -160,6 +162,7 @@ class FaultInjector:
         self._emit = emit  # an EventSink's emit
         self._settle = settle  # waits for this rank's in-flight checkpoint save to finish
         self._t0 = time.monotonic()
+        self._slowing: set[int] = set()  # slow drills already announced (they go on sleeping)
 
     def _fire(self, f: Fault, step: int) -> None:
         if f.settle and self._settle is not None:
@@ -182,6 +185,11 @@ class FaultInjector:
                 while True:  # a hung rank: alive, silent, not progressing
                     time.sleep(3600)
             elif f.kind == "slow" and step >= f.start and (f.stop is None or step < f.stop):
+                if f.id not in self._slowing:  # recorded once: the supervisor drops it from the next attempt
+                    self._slowing.add(f.id)
+                    self._emit(
+                        E.Inject(fault=f.kind, fault_id=f.id, step=step, spec=f.spec, persist=f.persist)
+                    )
                 time.sleep(f.delay)
 
     def loss(self, step: int, value: float) -> float:
