@@ -139,6 +139,19 @@ def test_lines_written_before_the_version_field_read_as_version_1() -> None:
     assert isinstance(ev, E.Restore) and ev.source is E.RestoreSource.LOCAL and ev.step == 4
 
 
+def test_a_record_without_mono_is_written_back_without_it(tmp_path) -> None:
+    # A worker's record that lacks `mono` reads as NaN; forwarding it must not write `NaN` (not JSON).
+    ev = E.parse_event({"ev": "restore", "t": 5.0, "rank": 1, "step": 4, "load_s": 0.5, "source": "local"})
+    assert isinstance(ev, E.Restore) and ev.mono != ev.mono
+    assert "mono" not in E.to_record(ev)
+    with Ledger(tmp_path) as led:
+        led.emit(ev)
+    (line,) = [x for p in tmp_path.rglob("*.jsonl") for x in p.read_text().splitlines()]
+    json.loads(line, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c} in {line}"))
+    (back,) = read_typed(tmp_path)
+    assert isinstance(back, E.Restore) and back.step == 4 and back.mono != back.mono
+
+
 def test_walk_takes_typed_events_or_raw_records_alike() -> None:
     b = LedgerBuilder(t0=0.0)
     b.start().steps(4).checkpoint().steps(2)

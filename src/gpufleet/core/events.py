@@ -1065,6 +1065,8 @@ def to_record(event: Event) -> dict[str, Any]:
         value = getattr(event, f.name)
         if (value is None or value == ()) and (f.default is None or f.default == ()):
             continue
+        if f.name == "mono" and not math.isfinite(value):
+            continue  # read from a record that lacked it (parse_event): omitted, never written as NaN
         if isinstance(value, enum.Enum):
             value = value.value
         elif isinstance(value, tuple):
