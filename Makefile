@@ -28,7 +28,7 @@ demo: install
 	$(VENV)/bin/gpufleet demo
 
 test: install-test
-	$(VENV)/bin/pytest -q tests
+	$(VENV)/bin/pytest -q --durations=25 tests
 
 lint: install-test
 	$(VENV)/bin/ruff check src tests benchmarks
