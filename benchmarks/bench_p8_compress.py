@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -42,7 +43,7 @@ VARIANTS = {  # name -> prune CLI flags
     "shortgpt": ["--method", "depth"],
     "wanda": ["--method", "wanda"],
     "random": ["--method", "random-depth", "--seed", "0"],
-    "best": ["--method", "auto", "--vocab", "--min-layer-flops-cut", "0.2"],
+    "best": ["--method", "auto", "--vocab", "--min-layer-flops-cut", "0.22", "--vocab-tokens", "1000000"],
 }
 
 
@@ -393,6 +394,11 @@ def main() -> None:
     ap.add_argument("--calib-tokens", type=int, default=8192)
     ap.add_argument("--variants", default=",".join(VARIANTS), help="prune phase: which variants")
     ap.add_argument(
+        "--best-flags",
+        default=" ".join(VARIANTS["best"]),
+        help="prune phase: the `compress prune` flags of the best variant (one string)",
+    )
+    ap.add_argument(
         "--eval-models", default="shortgpt,wanda,random,best,best-healed", help="eval phase: which models"
     )
     ap.add_argument("--heal-steps", type=int, default=100)
@@ -414,6 +420,7 @@ def main() -> None:
     if a.phase == "report":
         print(report())
         return
+    VARIANTS["best"] = shlex.split(a.best_flags)
     if a.phase in ("prune", "all"):
         phase_prune(a.work, a.target, a.calib_tokens, a.variants.split(","))
     if a.phase in ("heal", "all"):

@@ -106,7 +106,9 @@ class HealJob:
         need = pool_tokens(cfg)
         self.pool = corpus.chunks(corpus.tokens(self.tokenizer, cfg.domain, "train", need), cfg.seq_len)
         params = [p for p in model.parameters() if p.requires_grad]
-        self.optim = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+        # fused: one kernel per step over all parameters (foreach makes several passes over the
+        # ~100M weights and their Adam moments; measured in P8 v3, docs/benchmarks.md)
+        self.optim = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, fused=True)
         warm = max(1, cfg.steps // 20)
 
         def lr_at(step: int) -> float:
