@@ -113,17 +113,22 @@ class SrunBackend(Backend):
                 f"<= allocated ({len(self.all_nodes)})"
             )
         self.healthy = list(self.all_nodes)
-        self.lost: list[str] = []
+        self.lost: list[str] = []  # nodes out of the job: lost, or drained as stragglers
+        self.unreachable: list[str] = []  # lost nodes (their srun probe failed)
         self.active: list[str] = []
         self.srun = srun
         self.python = python or sys.executable
         self.probe_timeout = probe_timeout
         self.agent_grace_s = agent_grace_s
         self._run_dir: Path | None = None
+        self._spec: LaunchSpec | None = None
+        self.used: list[str] = []  # every node that ran an agent, in order
 
     # -- Backend hooks ---------------------------------------------------------------------------
     def start(self, spec: LaunchSpec) -> SrunAttempt:
         self.active = self.healthy[: self.want]
+        self.used += [n for n in self.active if n not in self.used]
+        self._spec = spec
         spec.nnodes = len(self.active)
         spec.master_addr = node_addr(self.active[0])
         run_dir = self._run_dir = Path(spec.env[Env.RUN_DIR])
@@ -170,13 +175,50 @@ class SrunBackend(Backend):
             "gpufleet.backends.agent",
         ]
 
+    def close(self) -> None:
+        """Free the in-memory checkpoint tier (``--memory-tier``) on every node the run used.
+
+        Each node's keeper outlives the attempts on purpose, so only the end of the run frees it; the
+        supervisor's own exit frees the batch node's alone. One short srun step per reachable node, all
+        at once (a node judged lost is skipped: its step would only wait for the timeout)."""
+        spec, self._spec = self._spec, None
+        if spec is None or spec.env.get(Env.MEMORY_TIER, "0") in ("", "0"):
+            return
+        ckpt = spec.env.get(Env.CKPT_DIR) or str(Path(spec.env[Env.RUN_DIR]) / "checkpoints")
+        code = "import sys; from gpufleet.checkpoint.memtier import release; release(sys.argv[1])"
+        env = {**os.environ, **spec.env}
+        procs = [
+            subprocess.Popen(
+                self.step(node, self.python, "-c", code, ckpt),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env=env,
+            )
+            for node in self.used
+            if node not in self.unreachable
+        ]
+        for proc in procs:
+            try:
+                proc.wait(timeout=self.probe_timeout + 20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def step(self, node: str, *argv: str) -> list[str]:
+        """A one-task step on ``node`` running ``argv``, beside whatever runs there (``--overlap``)."""
+        return [self.srun, "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--overlap", *argv]
+
     # -- node loss -------------------------------------------------------------------------------
     def probe(self, node: str) -> bool:
         """True when ``node``'s slurmd still launches a step (a trivial ``true``) in time."""
-        argv = [self.srun, "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--overlap", "true"]
         try:
             p = subprocess.run(
-                argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=self.probe_timeout, check=False
+                self.step(node, "true"),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=self.probe_timeout,
+                check=False,
             )
         except subprocess.TimeoutExpired:
             return False
@@ -204,6 +246,7 @@ class SrunBackend(Backend):
             self._isolate(node, reason, ledger, check="node-lost")
             self.healthy.remove(node)
             self.lost.append(node)
+            self.unreachable.append(node)
         if len(self.healthy) >= self.min_nodes:
             return CONTINUE
         if self._run_dir is not None:

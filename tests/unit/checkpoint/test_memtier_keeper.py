@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,21 @@ def test_keeper_dir_is_per_checkpoint_dir_and_release_frees_it(tmp_path: Path, m
     (a / "f").write_bytes(b"1")
     release(tmp_path / "run1" / "checkpoints")
     assert not a.exists() and not a.parent.exists()
+
+
+def test_percent_n_in_the_tier_dir_is_this_nodes_name(tmp_path: Path, monkeypatch) -> None:
+    """Nodes sharing one host's /dev/shm (the CI's one-host Slurm cluster) each get their own keeper."""
+    monkeypatch.setenv("GPUFLEET_MEMORY_TIER_DIR", str(tmp_path / "shm" / "%n"))
+    monkeypatch.setenv("SLURMD_NODENAME", "n2")
+    n2 = keeper_dir(tmp_path / "ckpt")
+    assert n2.is_relative_to(tmp_path / "shm" / "n2")
+    monkeypatch.setenv("SLURMD_NODENAME", "n3")
+    assert keeper_dir(tmp_path / "ckpt").is_relative_to(tmp_path / "shm" / "n3")
+    monkeypatch.delenv("SLURMD_NODENAME")
+    assert keeper_dir(tmp_path / "ckpt").is_relative_to(tmp_path / "shm" / socket.gethostname())
+    n2.mkdir(parents=True)
+    release(tmp_path / "ckpt")  # this node's own keeper only
+    assert n2.exists()
 
 
 @pytest.mark.parametrize(
