@@ -92,7 +92,15 @@ class Bench:
     the transfer alone (setup, clean-up and the correctness check are outside ``self.meter``)."""
 
     def __init__(
-        self, tmp: Path, endpoint: str, bucket: str, access: str, secret: str, sd: Any, meter: Meter
+        self,
+        tmp: Path,
+        endpoint: str,
+        bucket: str,
+        access: str,
+        secret: str,
+        sd: Any,
+        meter: Meter,
+        fresh_engine: bool = False,
     ) -> None:
         import boto3
         from botocore.config import Config
@@ -106,48 +114,71 @@ class Bench:
         )
         self.fsspec_options = {"key": access, "secret": secret, "client_kwargs": {"endpoint_url": endpoint}}
         self.ckpt_dir: Path | None = None  # a checkpoint the engine wrote: the files variants move it
+        self.fresh_engine = fresh_engine
+        self.engine: CheckpointEngine | None = None
+        self.t0 = 0.0
         self.upload_s: list[float] = []  # the engine's upload time after its commit (CKPT_UPLOADED)
         self.commit_s: list[float] = []  # engine.save to the local commit (shards already streaming)
         self.blocked_s: list[float] = []  # engine.save + wait_staged: the training's stall
 
     # --------------------------------------------------------------------- gpufleet engine
-    def engine_up(self, i: int) -> None:
+    def _engine(self, i: int) -> CheckpointEngine:
+        """The engine a save goes through: one for the whole benchmark, as a training run keeps one
+        engine for every checkpoint (its staging buffers, threads and S3 client are made once, in
+        the warm-up round, like DCP fsspec's cached s3fs filesystem); with --fresh-engine, a new one
+        per save (what the first checkpoint of a run costs)."""
         bench = self
 
         class Sink:
             def emit(self, event: Any, /, **fields: Any) -> None:
                 if getattr(event, "kind", "") == "ckpt_committed":  # the local copy is durable
-                    bench.commit_s.append(time.perf_counter() - t0)
+                    bench.commit_s.append(time.perf_counter() - bench.t0)
                 if getattr(event, "kind", "") == "ckpt_uploaded":
                     bench.upload_s.append(event.upload_s)
                 if getattr(event, "kind", "") == "ckpt_failed":
                     raise SystemExit(f"gpufleet checkpoint failed: {event.reason}")
 
+        if self.engine is not None and not self.fresh_engine:
+            return self.engine
         root = self.tmp / "engine-up"
         shutil.rmtree(root, ignore_errors=True)
-        eng = CheckpointEngine(
-            CheckpointConfig(dir=str(root), upload_url=f"{self.url}/engine-{i}"), sink=Sink()
-        )
-        t0 = time.perf_counter()
+        url = f"{self.url}/engine-{i}" if self.fresh_engine else f"{self.url}/engine"
+        # Retention off (keep every save), as no other variant deletes anything in S3 while measured.
+        config = CheckpointConfig(dir=str(root), upload_url=url, keep_last=1_000_000)
+        self.engine = CheckpointEngine(config, sink=Sink())
+        return self.engine
+
+    def engine_up(self, i: int) -> None:
+        eng = self._engine(i)
+        step = i + 2  # the warm-up is i = -1: steps 1, 2, 3, ... (the engine's steps must increase)
+        self.t0 = time.perf_counter()
         with self.meter():
-            eng.save(i + 1, self.sd)
+            eng.save(step, self.sd)
             eng.wait_staged()
-            self.blocked_s.append(time.perf_counter() - t0)  # what the training loop waits for
+            self.blocked_s.append(time.perf_counter() - self.t0)  # what the training loop waits for
             eng.wait()
-        eng.close()
+        if self.fresh_engine:
+            eng.close()
+            self.engine = None
         if self.ckpt_dir is None:  # keep the first one (the same bytes every time) for the files variants
             self.ckpt_dir = self.tmp / "files"
-            shutil.copytree(root / f"step_{i + 1:08d}", self.ckpt_dir)
+            shutil.copytree(self.tmp / "engine-up" / f"step_{step:08d}", self.ckpt_dir)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
 
     def engine_down(self, i: int) -> None:
         root = self.tmp / "engine-down"
         shutil.rmtree(root, ignore_errors=True)
-        eng = CheckpointEngine(CheckpointConfig(dir=str(root), upload_url=f"{self.url}/engine-{i}"))
+        url = f"{self.url}/engine-{i}" if self.fresh_engine else f"{self.url}/engine"
+        eng = CheckpointEngine(CheckpointConfig(dir=str(root), upload_url=url))  # a new run's engine
         target = blank_like(self.sd)
         with self.meter():
             got = eng.load(target)
         eng.close()
-        if got is None or got.source != "s3" or not same(target, self.sd):
+        if got is None or got.source != "s3" or got.step != i + 2 or not same(target, self.sd):
             raise SystemExit(f"gpufleet restore from S3 went wrong: {got}")
 
     # --------------------------------------------------------------------- DCP fsspec
@@ -219,6 +250,12 @@ def main() -> int:
     ap.add_argument("--size-mib", type=int, default=256, help="state dict size, MiB (default 256)")
     ap.add_argument("--repeats", type=int, default=8, help="a multiple of 4 keeps the order balanced")
     ap.add_argument("--out", default="s3.json", help="file name under benchmarks/results/")
+    ap.add_argument(
+        "--fresh-engine",
+        action="store_true",
+        help="a new gpufleet engine for every save (a run's first checkpoint); default: one engine "
+        "for every save, as a training run has",
+    )
     args = ap.parse_args()
     if args.size_mib < 1 or args.repeats < 1:
         print("bench_s3: --size-mib and --repeats must be >= 1", file=sys.stderr)
@@ -256,7 +293,7 @@ def main() -> int:
             AWS_DEFAULT_REGION="us-east-1",
         )
         meter = Meter(server.pid if server is not None else None)
-        b = Bench(tmpd, endpoint, bucket, access, secret, sd, meter)
+        b = Bench(tmpd, endpoint, bucket, access, secret, sd, meter, args.fresh_engine)
         steps: dict[str, tuple[Callable[[int], None], Callable[[int], None]]] = {
             "gpufleet": (b.engine_up, b.engine_down),
             "DCP fsspec": (b.dcp_up, b.dcp_down),
@@ -287,6 +324,7 @@ def main() -> int:
                     run(name, DOWN, i)
                 loads.append(os.getloadavg()[0])
                 print(f"repeat {i + 1}/{args.repeats} done, load {loads[-1]:.1f}", flush=True)
+            b.close()
             b.cleanup()
         finally:
             if server is not None:
@@ -330,6 +368,7 @@ def main() -> int:
             "server": "SeaweedFS (weed server -s3) on 127.0.0.1",
             "size_mib": round(size / MiB, 1),
             "repeats": args.repeats,
+            "engine": "fresh per save" if args.fresh_engine else "one engine for every save",
             # other work on the host skews these figures: the 1-minute load before and after each repeat
             "loadavg_1m": loads,
             "runs": runs,

@@ -161,3 +161,16 @@ def test_adaptive_range_plan(total: int, workers: int, want: int) -> None:
 def test_range_size_must_be_positive() -> None:
     with pytest.raises(UsageError, match="range_size"):
         S3Store("s3://bucket/x", "http://127.0.0.1:1", range_size=0)
+
+
+def test_part_buffers_are_reused_across_uploads_and_bounded() -> None:
+    from gpufleet.checkpoint.s3 import _PartBuffers
+
+    pool = _PartBuffers(cap=2)
+    a, b, c = pool.take(1024), pool.take(1024), pool.take(1024)
+    assert len(a) == 1024 and a is not b
+    pool.give([a, b, c, bytearray(512)])  # one over the cap for 1024: dropped
+    got = {id(pool.take(1024)), id(pool.take(1024))}
+    assert got == {id(a), id(b)}
+    fresh = pool.take(1024)
+    assert fresh is not a and fresh is not b and len(pool.take(512)) == 512
