@@ -94,6 +94,10 @@ class EventChannel(ABC):
         An event is the JSON object a worker's ``PipeSink`` wrote: ``ev``, ``t``, ``rank`` and fields.
         """
 
+    def closed(self, rank: int) -> bool:
+        """True when nothing more can arrive from ``rank`` (its writer is gone); False when unknown."""
+        return False
+
     def close(self) -> None:
         """Release the channel; later reads return nothing."""
         return None

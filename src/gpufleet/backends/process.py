@@ -65,6 +65,12 @@ class PipeChannel(EventChannel):
                 events.append(rec)
         return events
 
+    def closed(self, rank: int) -> bool:
+        """True once the pipe of ``rank`` reached end of file (every writer closed it: the worker exited)."""
+        mine = [fd for fd, r in self._fds.items() if r == rank]
+        sel = self._sel.get_map()
+        return bool(mine) and (sel is None or all(fd not in sel for fd in mine))
+
     def release(self, rank: int) -> int:
         """Stop reading the pipe of ``rank`` and return its fd, open (another channel takes it over)."""
         fd = next(fd for fd, r in self._fds.items() if r == rank)

@@ -25,6 +25,7 @@ traffic, and the wake-up of a rank that waits in an all-reduce).
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import runpy
@@ -107,6 +108,10 @@ def main() -> None:
     _apply(order)
     restore_threads()  # where permitted, an import still running finishes at normal priority
     warm.join()
+    # The imports left some 300,000 objects (torch, torch._dynamo) that live as long as the process: out
+    # of the collector's sight, a full collection (the in-process harness's abort, or one triggered by
+    # the script's allocations) scans only what the script made: 0.2-0.3 s less on 2 loaded cores.
+    gc.freeze()
     restore_threads()
     if order.get("cpus"):
         _set_cpus(order["cpus"])

@@ -27,6 +27,9 @@ from gpufleet.train.settings import SupervisorConfig
 
 __all__ = ["SupervisorConfig", "Supervisor", "Outcome"]
 
+_EXIT_POLL_S = 0.002  # how often to poll a worker whose channel just closed (see Supervisor._watch)
+_EXIT_WINDOW_S = 0.2  # for how long after the channel closed
+
 
 @dataclass
 class Outcome:
@@ -275,6 +278,18 @@ class Supervisor:
             return f"rank(s) {', '.join(map(str, gone))} exited too"
         return None
 
+    @staticmethod
+    def _last_words(mon: AttemptMonitor, run: Attempt, rank: int, limit_s: float = 0.05) -> None:
+        """Read what a worker that exited sent last (inject / rollback events): until its channel is at
+        end of file, at most ``limit_s``. Waiting the whole bound every time cost every recovery 50 ms."""
+        deadline = time.monotonic() + limit_s
+        while True:
+            mon.pump(0)
+            left = deadline - time.monotonic()
+            if run.events.closed(rank) or left <= 0:
+                return
+            mon.pump(min(left, 0.005))
+
     def _drop_fired(self, fired: list[E.Inject]) -> None:
         done = {f.fault_id for f in fired if not f.persist}
         self.faults = [f for f in self.faults if f.id not in done]
@@ -284,8 +299,12 @@ class Supervisor:
     ) -> E.RunStatus | _Failure | _ConfigError:
         standby_ready = False
         stopping_since: float | None = None
+        exiting: dict[int, float] = {}  # rank -> when its channel closed while its process still ran
         while True:
-            mon.pump(self.cfg.poll_s)
+            # A worker's channel closes as it dies, an instant before its exit status can be read: poll
+            # again within milliseconds, not a whole poll interval, for a moment after a channel closes.
+            soon = any(time.monotonic() - t < _EXIT_WINDOW_S for t in exiting.values())
+            mon.pump(_EXIT_POLL_S if soon else self.cfg.poll_s)
             if view is not None:
                 view.update(mon, restarts)
             recovering = restarts > 0 and not mon.step_times
@@ -296,6 +315,9 @@ class Supervisor:
                 self.backend.prepare(run.spec)
                 standby_ready = True
             codes = run.poll()
+            for w in run.workers:
+                if codes[w.rank] is None and w.rank not in exiting and run.events.closed(w.rank):
+                    exiting[w.rank] = time.monotonic()
             if self._stop_signals and stopping_since is None:
                 stopping_since = time.monotonic()
                 run.request_final_checkpoint()  # at the next step boundary
@@ -314,7 +336,7 @@ class Supervisor:
                 c = codes[w.rank]
                 if c is None or c == 0:
                     continue
-                mon.pump(0.05)  # the worker's last words (inject / rollback events)
+                self._last_words(mon, run, w.rank)
                 if c == ExitCode.WORKER_CONFIG:  # gpufleet.init() rejected its settings: terminal
                     return _ConfigError(
                         w.rank, mon.config_error or f"rank {w.rank} rejected its settings (see its stderr)"
