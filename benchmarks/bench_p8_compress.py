@@ -5,7 +5,8 @@ parameters, in one run directory:
 * Wanda: unstructured |W|*||X|| at the sparsity that zeroes 25% of the parameters (quality only);
 * random layer drop (the same number of layers as ShortGPT);
 * gpufleet's best: vocabulary trimmed to the domain + a heads x depth x width search on domain loss
-  under a decoder-layer FLOPs cut (``--method auto --vocab --min-layer-flops-cut 0.2``), then
+  under a decoder-layer FLOPs cut (``--method auto --vocab --vocab-tokens 1000000
+  --min-layer-flops-cut 0.22``, v3; ``--best-flags`` to change), then
   healed by distillation from the dense teacher as a supervised ``gpufleet compress heal`` run
   (``--heal-steps``; the CPU time it took is recorded).
 
@@ -18,6 +19,10 @@ Phases run one at a time (``--phase prune|heal|eval|speed|all``); heavy phases s
 ``flock /tmp/gpufleet_heavy.lock nice -n 5``. Results merge into benchmarks/results/p8_compress.json.
 
     .venv/bin/python benchmarks/bench_p8_compress.py --work runs/p8 --phase all --heal-steps 100
+
+v3 was measured phase by phase (prune --variants best --calib-tokens 4096; OMP_NUM_THREADS=1 heal
+--heal-steps 167 --heal-lr 3e-4; eval --eval-tokens 4096; speed --speed-rounds 7 --speed-repeats 3
+with --speed-threads 2 and 1; serve), see docs/benchmarks.md.
 """
 
 from __future__ import annotations
