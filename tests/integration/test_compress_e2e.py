@@ -109,7 +109,7 @@ def test_smollm2_analyze_prune_heal_eval_export(tmp_path: Path) -> None:
         "--dense",
         str(dense),
         "--tokens",
-        "2048",
+        "1024",
         "-o",
         str(tmp_path / "ev"),
     )
