@@ -8,6 +8,9 @@
 # `start` waits until /v1/models answers; then `source .ci/state/llama.env` exports
 # GPUFLEET_TEST_LLAMA_{URL,MODEL,N_CTX} for pytest. Timings: ../shared/notes/ci-services.md.
 set -euo pipefail
+# The daemons started here must not inherit the caller's descriptors: run under `flock LOCK ...`,
+# munged kept the lock open and every later `flock` on it waited forever.
+for _fd in /proc/$$/fd/*; do _fd=${_fd##*/}; case $_fd in 0|1|2|255) ;; *) eval "exec $_fd>&-" 2>/dev/null || true ;; esac; done
 cd "$(dirname "$0")/.."
 STATE=.ci/state
 PY=${PYTHON:-.venv/bin/python}

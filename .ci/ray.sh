@@ -8,6 +8,9 @@
 # worker node offers 2 CPUs and 4 units of the `gpufleet` resource, which gpufleet's placement groups ask
 # for (a quarantined node has them held, see docs/backends/ray.md). Every node gets its own ports.
 set -euo pipefail
+# The daemons started here must not inherit the caller's descriptors: run under `flock LOCK ...`,
+# munged kept the lock open and every later `flock` on it waited forever.
+for _fd in /proc/$$/fd/*; do _fd=${_fd##*/}; case $_fd in 0|1|2|255) ;; *) eval "exec $_fd>&-" 2>/dev/null || true ;; esac; done
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 S=$ROOT/.ci/state/ray

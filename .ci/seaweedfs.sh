@@ -5,6 +5,9 @@
 # `start` waits until the S3 API answers and the bucket exists; then `source .ci/state/s3.env`
 # exports GPUFLEET_TEST_S3_{ENDPOINT,ACCESS_KEY,SECRET_KEY,BUCKET} for pytest.
 set -euo pipefail
+# The daemons started here must not inherit the caller's descriptors: run under `flock LOCK ...`,
+# munged kept the lock open and every later `flock` on it waited forever.
+for _fd in /proc/$$/fd/*; do _fd=${_fd##*/}; case $_fd in 0|1|2|255) ;; *) eval "exec $_fd>&-" 2>/dev/null || true ;; esac; done
 cd "$(dirname "$0")/.."
 STATE=.ci/state
 PY=${PYTHON:-.venv/bin/python}

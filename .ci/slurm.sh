@@ -5,6 +5,9 @@
 # `start` waits until `sinfo` shows the three nodes idle; then `source .ci/state/slurm.env` exports
 # SLURM_CONF (and GPUFLEET_TEST_SLURM_DIR) for pytest. Timings: ../shared/notes/ci-services.md.
 set -euo pipefail
+# The daemons started here must not inherit the caller's descriptors: run under `flock LOCK ...`,
+# munged kept the lock open and every later `flock` on it waited forever.
+for _fd in /proc/$$/fd/*; do _fd=${_fd##*/}; case $_fd in 0|1|2|255) ;; *) eval "exec $_fd>&-" 2>/dev/null || true ;; esac; done
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 S=$ROOT/.ci/state/slurm
