@@ -35,6 +35,14 @@ def _progress() -> Any:
     return lambda msg: console.print(f"[dim]compress:[/dim] {msg}")
 
 
+def _choice(kind: Any, value: str, flag: str) -> Any:
+    """``value`` as a member of the StrEnum ``kind``; else a usage error naming ``flag``."""
+    try:
+        return kind(value)
+    except ValueError:
+        raise UsageError(f"{flag} must be one of {', '.join(x.value for x in kind)}, got {value!r}") from None
+
+
 def _emit(res: dict[str, Any], json_out: bool) -> bool:
     if json_out:
         typer.echo(json.dumps(res, indent=1, default=str))
@@ -122,28 +130,41 @@ def prune_cmd(
         int, typer.Option(help="Prompt length at which layer FLOPs are counted (attention grows with it).")
     ] = 256,
     seed: Annotated[int, typer.Option(help="Seed of the random baseline.")] = 0,
+    reconstruct: Annotated[
+        bool,
+        typer.Option(
+            "--reconstruct/--no-reconstruct",
+            help="After MLP channels or heads are cut, refit each layer's down_proj / o_proj by ridge "
+            "least squares to the dense layer's output on domain calibration activations (same widths "
+            "and speed; nothing to refit for depth and wanda).",
+        ),
+    ] = True,
+    reconstruct_mode: Annotated[
+        str,
+        typer.Option(
+            help="sequential (the pruned model's own inputs, layer by layer) | dense (the dense "
+            "model's inputs, every layer independently)."
+        ),
+    ] = "sequential",
+    reconstruct_tokens: Annotated[
+        int, typer.Option(help="Domain calibration tokens of the refit (train split).")
+    ] = 16384,
+    reconstruct_ridge: Annotated[
+        float,
+        typer.Option(help="Ridge term of the refit, relative to the mean diagonal of the kept inputs' Gram."),
+    ] = 1e-4,
     json_out: Annotated[bool, typer.Option("--json", help="Print the record as JSON.")] = False,
     fp32: Annotated[
         bool, typer.Option("--fp32", help="Float32 forward passes (default: bf16 autocast).")
     ] = False,
 ) -> None:
     """Prune to --target of the parameters using domain importance; write a plain HF model."""
-    from gpufleet.compress.config import ChannelScore, Method, PruneConfig
+    from gpufleet.compress.config import ChannelScore, Method, PruneConfig, ReconstructMode
     from gpufleet.compress.pipeline import prune
 
-    try:
-        m = Method(method)
-    except ValueError:
-        raise UsageError(
-            f"--method must be one of {', '.join(x.value for x in Method)}, got {method!r}"
-        ) from None
-    try:
-        score = ChannelScore(channel_score)
-    except ValueError:
-        raise UsageError(
-            f"--channel-score must be one of {', '.join(x.value for x in ChannelScore)}, "
-            f"got {channel_score!r}"
-        ) from None
+    m = _choice(Method, method, "--method")
+    score = _choice(ChannelScore, channel_score, "--channel-score")
+    rmode = _choice(ReconstructMode, reconstruct_mode, "--reconstruct-mode")
     cfg = PruneConfig(
         model=model,
         out=out,
@@ -158,6 +179,10 @@ def prune_cmd(
         min_layer_flops_cut=min_layer_flops_cut,
         flops_context=flops_context,
         seed=seed,
+        reconstruct=reconstruct,
+        reconstruct_mode=rmode,
+        reconstruct_tokens=reconstruct_tokens,
+        reconstruct_ridge=reconstruct_ridge,
         bf16=not fp32,
     )
     res = prune(cfg, progress=_progress())

@@ -8,7 +8,15 @@ from pathlib import Path
 
 from gpufleet.core.errors import UsageError
 
-__all__ = ["Method", "ChannelScore", "AnalyzeConfig", "PruneConfig", "EvalConfig", "HealConfig"]
+__all__ = [
+    "Method",
+    "ChannelScore",
+    "ReconstructMode",
+    "AnalyzeConfig",
+    "PruneConfig",
+    "EvalConfig",
+    "HealConfig",
+]
 
 
 class Method(StrEnum):
@@ -26,6 +34,13 @@ class ChannelScore(StrEnum):
 
     OUT = "out"  # RMS activation x L2 norm of the down_proj column: what the channel adds to the residual
     ACT = "act"  # mean |activation| at the down_proj input (Minitron)
+
+
+class ReconstructMode(StrEnum):
+    """Which residual stream feeds the layer-wise least-squares refit after pruning."""
+
+    SEQUENTIAL = "sequential"  # the pruned model's own, layer by layer (each refitted layer feeds the next)
+    DENSE = "dense"  # the dense model's (every layer independently, as in FLAP)
 
 
 def _target(t: float) -> None:
@@ -95,12 +110,25 @@ class PruneConfig:
     """Prompt length at which layer FLOPs are counted (attention grows with the context)."""
     seed: int = 0
     """Seed of the random baseline."""
+    reconstruct: bool = True
+    """After MLP channels or attention heads are removed, refit each layer's ``down_proj`` / ``o_proj``
+    by ridge least squares so that it writes what the dense layer wrote on domain calibration
+    activations (no effect on widths or speed; nothing to refit for depth and Wanda)."""
+    reconstruct_mode: ReconstructMode = ReconstructMode.SEQUENTIAL
+    """Feed the refit the pruned model's own inputs layer by layer, or the dense model's."""
+    reconstruct_tokens: int = 16384
+    """Domain calibration tokens of the refit (about 16 per unknown of a 1,024-channel ``down_proj`` row)."""
+    reconstruct_ridge: float = 1e-4
+    """Ridge term of the refit, relative to the mean diagonal of the kept inputs' Gram matrix."""
 
     bf16: bool = True
     """Forward passes under bfloat16 autocast (1.6-2.8x faster on CPU); False: float32."""
 
     def __post_init__(self) -> None:
         _target(self.target)
+        _positive("--reconstruct-tokens", self.reconstruct_tokens)
+        if not 0.0 <= self.reconstruct_ridge < 1e3:  # also rejects NaN
+            raise UsageError(f"--reconstruct-ridge must be in [0, 1000), got {self.reconstruct_ridge}")
         _positive("--tokens", self.tokens)
         _positive("--seq-len", self.seq_len)
         _positive("--vocab-tokens", self.vocab_tokens)

@@ -16,6 +16,7 @@ from typing import Any
 from gpufleet.compress import corpus, importance
 from gpufleet.compress import export as ex
 from gpufleet.compress import prune as pr
+from gpufleet.compress import reconstruct as rc
 from gpufleet.compress.config import AnalyzeConfig, EvalConfig, Method, PruneConfig
 from gpufleet.compress.model import Loaded, load, param_count
 from gpufleet.core.errors import UsageError
@@ -137,6 +138,9 @@ def prune(cfg: PruneConfig, *, progress: Progress = _quiet) -> dict[str, Any]:
     dense_params = param_count(model)
     budget = int(cfg.target * dense_params)
     need_wanda = cfg.method == Method.WANDA
+    structured = cfg.method in (Method.WIDTH, Method.AUTO) or cfg.heads_per_group is not None
+    refits = cfg.reconstruct and structured
+    dense = copy.deepcopy(model) if refits else None  # the refit's reference
     progress(f"measuring domain importance ({cfg.tokens} tokens of {cfg.domain})")
     ids = calib(loaded, cfg.domain, cfg.tokens, cfg.seq_len)
     imp = importance.measure(model, ids, corpus=cfg.domain, wanda=need_wanda, bf16=cfg.bf16)
@@ -166,8 +170,11 @@ def prune(cfg: PruneConfig, *, progress: Progress = _quiet) -> dict[str, Any]:
     rep = model.config.num_attention_heads // model.config.num_key_value_heads
     chan = importance.channel_scores(imp, model, str(cfg.channel_score))  # of the dense MLPs
     record["channel_score"] = str(cfg.channel_score)
+    o_rows = None
+    kept = rc.Kept(layers=list(range(L)))
     if cfg.heads_per_group is not None:
-        pr.prune_heads(model, imp.heads, cfg.heads_per_group)
+        o_rows = pr.prune_heads(model, imp.heads, cfg.heads_per_group)
+        kept.o_rows = o_rows
         record["heads_per_group"] = cfg.heads_per_group
     fixed = estimate_params(model.config) - L * _layer_params(model.config)
     if cfg.method == Method.WANDA:
@@ -186,13 +193,44 @@ def prune(cfg: PruneConfig, *, progress: Progress = _quiet) -> dict[str, Any]:
         width = _fit_width(model.config, L, budget, fixed, cap, ctx)
         if width <= 0:
             raise UsageError(f"--target {cfg.target} leaves no MLP width")
-        pr.shrink_mlp(model, chan, width)
+        kept.channels = pr.shrink_mlp(model, chan, width)
         record["mlp_width"] = width
     else:  # AUTO: a small search over heads x depth x width, scored by domain loss on calibration text
-        model, choice = _search(
-            model, imp, chan, ids, cfg, budget=budget, fixed=fixed, cap=cap, rep=rep, progress=progress
+        model, choice, kept = _search(
+            model,
+            imp,
+            chan,
+            ids,
+            cfg,
+            budget=budget,
+            fixed=fixed,
+            cap=cap,
+            rep=rep,
+            o_rows=o_rows,
+            progress=progress,
         )
         record.update(choice)
+    if dense is not None and (kept.channels is not None or kept.o_rows is not None):
+        t1 = time.monotonic()
+        progress(
+            f"least-squares reconstruction ({cfg.reconstruct_mode}, {cfg.reconstruct_tokens} tokens "
+            f"of {cfg.domain})"
+        )
+        rec_ids = calib(loaded, cfg.domain, cfg.reconstruct_tokens, cfg.seq_len)  # dense vocabulary
+        stats = rc.reconstruct(
+            model,
+            dense,
+            rec_ids,
+            kept,
+            mode=str(cfg.reconstruct_mode),  # type: ignore[arg-type]
+            ridge=cfg.reconstruct_ridge,
+            bf16=cfg.bf16,
+        )
+        stats["reconstruct_s"] = round(time.monotonic() - t1, 1)
+        record["reconstruct"] = stats
+    else:
+        record["reconstruct"] = None
+    del dense
     if cfg.min_layer_flops_cut > 0:
         record["min_layer_flops_cut"] = cfg.min_layer_flops_cut
     record["flops_context"] = ctx
@@ -232,12 +270,14 @@ def _search(
     fixed: int,
     cap: float,
     rep: int,
+    o_rows: list[Any] | None,
     progress: Progress,
-) -> tuple[Any, dict[str, Any]]:
+) -> tuple[Any, dict[str, Any], rc.Kept]:
     """``--method auto``: every mix of query heads per KV group (all, or one fewer when no
     ``--heads-per-group`` is given), dropped layers (0, 1/4, 1/2, 3/4, all of those needed at full
     width) and the widest MLP that then meets the parameter target and the layer-FLOPs cap; the mix
-    with the lowest domain loss on (part of) the calibration text wins."""
+    with the lowest domain loss on (part of) the calibration text wins (scored before any
+    least-squares reconstruction). Also returns what the winner kept of the dense model."""
     score_ids = ids[: max(1, min(len(ids), 8))]
     L = model.config.num_hidden_layers
     h, n_kv = model.config.hidden_size, model.config.num_key_value_heads
@@ -246,12 +286,12 @@ def _search(
     else:  # one query head fewer per group, where transformers accepts the head count
         head_options = [rep] + ([rep - 1] if rep > 1 and h % (n_kv * (rep - 1)) == 0 else [])
     tried: list[dict[str, Any]] = []
-    best: tuple[float, Any, dict[str, Any]] | None = None
+    best: tuple[float, Any, dict[str, Any], rc.Kept] | None = None
     for hpg in head_options:
-        base = model
+        base, base_rows = model, o_rows
         if hpg != (cfg.heads_per_group or rep):
             base = copy.deepcopy(model)
-            pr.prune_heads(base, imp.heads, hpg)
+            base_rows = pr.prune_heads(base, imp.heads, hpg)
         k_max = _layers_to_drop(base.config, budget, cap, cfg.flops_context)
         for k in sorted({0, k_max // 4, k_max // 2, (3 * k_max) // 4, k_max}):
             if k >= L:
@@ -264,8 +304,11 @@ def _search(
             keep_rows = [i for i in range(L) if i not in set(drop)]
             if k:
                 pr.drop_layers(cand, drop)
+            kept = rc.Kept(
+                layers=keep_rows, o_rows=[base_rows[i] for i in keep_rows] if base_rows is not None else None
+            )
             if width < cand.config.intermediate_size:
-                pr.shrink_mlp(cand, chan[keep_rows], width)
+                kept.channels = pr.shrink_mlp(cand, chan[keep_rows], width)
             loss = _domain_loss(cand, score_ids)
             choice = {
                 "dropped_layers": drop,
@@ -280,12 +323,12 @@ def _search(
                 f"domain loss {loss:.3f}"
             )
             if best is None or loss < best[0]:
-                best = (loss, cand, choice)
+                best = (loss, cand, choice, kept)
             else:
                 del cand
     if best is None:
         raise UsageError(f"--target {cfg.target}: no depth/width mix fits")
-    return best[1], {**best[2], "candidates": tried}
+    return best[1], {**best[2], "candidates": tried}, best[3]
 
 
 def _vocab_ids(path: Path) -> list[int] | None:

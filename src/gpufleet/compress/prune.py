@@ -70,15 +70,18 @@ def _slice_linear(lin: Any, *, out_idx: Any = None, in_idx: Any = None) -> Any:
     return new
 
 
-def shrink_mlp(model: Any, channels: Any, keep: int) -> None:
-    """Keep the ``keep`` most important MLP channels of every layer (``channels``: [layer, inter])."""
+def shrink_mlp(model: Any, channels: Any, keep: int) -> list[Any]:
+    """Keep the ``keep`` most important MLP channels of every layer (``channels``: [layer, inter]).
+    Returns the kept channel indices of every layer (sorted LongTensors)."""
     import torch
 
     cfg = model.config
     if not 0 < keep <= cfg.intermediate_size:
         raise UsageError(f"MLP width {keep} outside 1..{cfg.intermediate_size}")
+    kept = []
     for i, layer in enumerate(model.model.layers):
         idx = torch.topk(channels[i], keep).indices.sort().values
+        kept.append(idx)
         mlp = layer.mlp
         mlp.gate_proj = _slice_linear(mlp.gate_proj, out_idx=idx)
         mlp.up_proj = _slice_linear(mlp.up_proj, out_idx=idx)
@@ -86,6 +89,7 @@ def shrink_mlp(model: Any, channels: Any, keep: int) -> None:
         if hasattr(mlp, "intermediate_size"):
             mlp.intermediate_size = keep
     cfg.intermediate_size = keep
+    return kept
 
 
 def _head_dim(cfg: Any) -> int:
@@ -98,8 +102,9 @@ def _rows(heads: Sequence[int], head_dim: int) -> Any:
     return torch.cat([torch.arange(h * head_dim, (h + 1) * head_dim) for h in heads])
 
 
-def _apply_heads(model: Any, q_heads: list[list[int]], kv_heads: list[list[int]]) -> None:
-    """Keep query heads ``q_heads[layer]`` and key/value heads ``kv_heads[layer]`` (same counts per layer)."""
+def _apply_heads(model: Any, q_heads: list[list[int]], kv_heads: list[list[int]]) -> list[Any]:
+    """Keep query heads ``q_heads[layer]`` and key/value heads ``kv_heads[layer]`` (same counts per layer).
+    Returns the kept ``o_proj`` input rows of every layer."""
     cfg = model.config
     hd = _head_dim(cfg)
     if cfg.hidden_size % len(q_heads[0]):
@@ -107,9 +112,11 @@ def _apply_heads(model: Any, q_heads: list[list[int]], kv_heads: list[list[int]]
             f"{len(q_heads[0])} query heads do not divide the hidden size {cfg.hidden_size} "
             "(transformers rejects such a config)"
         )
+    o_rows = []
     for i, layer in enumerate(model.model.layers):
         att = layer.self_attn
         q_rows, kv_rows = _rows(q_heads[i], hd), _rows(kv_heads[i], hd)
+        o_rows.append(q_rows)
         att.q_proj = _slice_linear(att.q_proj, out_idx=q_rows)
         att.k_proj = _slice_linear(att.k_proj, out_idx=kv_rows)
         att.v_proj = _slice_linear(att.v_proj, out_idx=kv_rows)
@@ -121,10 +128,12 @@ def _apply_heads(model: Any, q_heads: list[list[int]], kv_heads: list[list[int]]
     cfg.head_dim = hd
     cfg.num_attention_heads = len(q_heads[0])
     cfg.num_key_value_heads = len(kv_heads[0])
+    return o_rows
 
 
-def prune_heads(model: Any, heads: Sequence[Sequence[float]], per_group: int) -> None:
-    """Keep the ``per_group`` most important query heads inside every key/value group, in every layer."""
+def prune_heads(model: Any, heads: Sequence[Sequence[float]], per_group: int) -> list[Any]:
+    """Keep the ``per_group`` most important query heads inside every key/value group, in every layer.
+    Returns the kept ``o_proj`` input rows of every layer."""
     cfg = model.config
     n_heads, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
     rep = n_heads // n_kv
@@ -138,11 +147,12 @@ def prune_heads(model: Any, heads: Sequence[Sequence[float]], per_group: int) ->
             best = sorted(members, key=lambda h: (-row[h], h))[:per_group]
             keep.extend(sorted(best))
         q_heads.append(keep)
-    _apply_heads(model, q_heads, [list(range(n_kv))] * len(q_heads))
+    return _apply_heads(model, q_heads, [list(range(n_kv))] * len(q_heads))
 
 
-def drop_kv_groups(model: Any, groups: Sequence[Sequence[float]], keep: int) -> None:
-    """Keep the ``keep`` most important key/value groups (each with all its query heads) per layer."""
+def drop_kv_groups(model: Any, groups: Sequence[Sequence[float]], keep: int) -> list[Any]:
+    """Keep the ``keep`` most important key/value groups (each with all its query heads) per layer.
+    Returns the kept ``o_proj`` input rows of every layer."""
     cfg = model.config
     n_heads, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
     rep = n_heads // n_kv
@@ -150,7 +160,7 @@ def drop_kv_groups(model: Any, groups: Sequence[Sequence[float]], keep: int) -> 
         raise UsageError(f"key/value groups {keep} outside 1..{n_kv}")
     kv = [sorted(sorted(range(n_kv), key=lambda g: (-row[g], g))[:keep]) for row in groups]
     q = [[g * rep + r for g in row for r in range(rep)] for row in kv]
-    _apply_heads(model, q, kv)
+    return _apply_heads(model, q, kv)
 
 
 def wanda(model: Any, input_norms: dict[str, Any], sparsity: float) -> int:

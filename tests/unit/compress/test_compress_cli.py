@@ -54,6 +54,10 @@ def test_target_outside_0_1(world, target):
         (["--min-layer-flops-cut", "1.5"], "--min-layer-flops-cut must be in [0, 1)"),
         (["--method", "wanda", "--min-layer-flops-cut", "0.2"], "needs a structured method"),
         (["--channel-score", "magnitude"], "--channel-score must be one of out, act"),
+        (["--reconstruct-mode", "greedy"], "--reconstruct-mode must be one of sequential, dense"),
+        (["--reconstruct-ridge", "-1"], "--reconstruct-ridge must be in [0, 1000)"),
+        (["--reconstruct-ridge", "nan"], "--reconstruct-ridge must be in [0, 1000)"),
+        (["--reconstruct-tokens", "0"], "--reconstruct-tokens must be positive"),
     ],
 )
 def test_bad_compute_options(world, flags, needle):
@@ -133,6 +137,9 @@ def test_prune_eval_export_through_the_cli(world):
     rec = json.loads(p.stdout)
     assert rec["params"] <= 0.7 * rec["dense_params"] and rec["vocab"]["kept"] < rec["vocab"]["dense"]
     assert len(rec["candidates"]) >= 2 and rec["layer_flops_ratio"] <= 0.8
+    rc = rec["reconstruct"]  # on by default: the refit lowered the projections' output error
+    assert rc["mode"] == "sequential" and rc["tokens"] > 0
+    assert rc["down_proj_rel_err_mean"]["after"] < rc["down_proj_rel_err_mean"]["before"]
     p = _run(
         "eval",
         str(root / "p"),
