@@ -36,7 +36,7 @@ class Env(StrEnum):
     SPIKE_LEVEL = "GPUFLEET_SPIKE_LEVEL"
     OVERLAP = "GPUFLEET_OVERLAP"
     MEMORY_TIER = "GPUFLEET_MEMORY_TIER"  # in-memory checkpoint tier budget (2GiB; 0: off)
-    MEMORY_TIER_DIR = "GPUFLEET_MEMORY_TIER_DIR"  # where its keepers live (default /dev/shm)
+    MEMORY_TIER_DIR = "GPUFLEET_MEMORY_TIER_DIR"  # where its keepers live (default /dev/shm; %n: node name)
     # Supervisor -> worker plumbing (set by the supervisor and its backends, never by users).
     CONTROL_FD = "GPUFLEET_CONTROL_FD"
     ATTEMPT = "GPUFLEET_ATTEMPT"
