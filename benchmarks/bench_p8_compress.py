@@ -6,7 +6,9 @@ parameters, in one run directory:
 * random layer drop (the same number of layers as ShortGPT);
 * gpufleet's best: vocabulary trimmed to the domain + a heads x depth x width search on domain loss
   under a decoder-layer FLOPs cut (``--method auto --vocab --vocab-tokens 1000000
-  --min-layer-flops-cut 0.22``, v3; ``--best-flags`` to change), then
+  --min-layer-flops-cut 0.22``, v3; since v4 ``compress prune`` also refits every layer's
+  ``down_proj`` by least squares after the cut, its default ``--reconstruct``; ``--best-flags`` to
+  change), then
   healed by distillation from the dense teacher as a supervised ``gpufleet compress heal`` run
   (``--heal-steps``; the CPU time it took is recorded).
 
@@ -22,7 +24,9 @@ Phases run one at a time (``--phase prune|heal|eval|speed|all``); heavy phases s
 
 v3 was measured phase by phase (prune --variants best --calib-tokens 4096; OMP_NUM_THREADS=1 heal
 --heal-steps 167 --heal-lr 3e-4; eval --eval-tokens 4096; speed --speed-rounds 7 --speed-repeats 3
-with --speed-threads 2 and 1; serve), see docs/benchmarks.md.
+with --speed-threads 2 and 1; serve), see docs/benchmarks.md. v4 is v3 with the least-squares
+reconstruction (prune --best-flags "... --reconstruct-ridge R"; heal and eval as v3; v3's figures
+are kept under "v3" in the results JSON, its files under runs/p8/v3).
 """
 
 from __future__ import annotations
