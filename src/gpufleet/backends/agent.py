@@ -69,6 +69,7 @@ class Agent:
     def _on_signal(self, signum: int, frame: object) -> None:
         if signum == signal.SIGUSR1:
             self._usr1 = True
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # forwarded once; Slurm may deliver it twice
         else:
             self._term = True
 

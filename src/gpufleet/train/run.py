@@ -113,6 +113,10 @@ class Run:
     # ------------------------------------------------------------------ checkpoint plumbing
     def _on_stop_signal(self, signum: int, frame: object) -> None:
         self._stop_requested = True
+        # One request is enough, and it can come twice: under Slurm the step's signal reaches every
+        # process of the step and the node agent forwards it too. A duplicate must not kill the rank
+        # while it checkpoints and exits (Python's finalization puts SIG_DFL back, but not SIG_IGN).
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
     def _ensure_engine(self) -> Any:
         if self._engine is None:
@@ -470,6 +474,7 @@ class Run:
 
     def _close(self, status: str) -> None:
         self._finished = True
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # the run is over: a late stop request is moot
         if self._engine is not None:
             self._engine.close()
         if not self.supervised and self.is_main:
