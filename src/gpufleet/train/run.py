@@ -15,6 +15,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -116,7 +117,7 @@ class Run:
         # One request is enough, and it can come twice: under Slurm the step's signal reaches every
         # process of the step and the node agent forwards it too. A duplicate must not kill the rank
         # while it checkpoints and exits (Python's finalization puts SIG_DFL back, but not SIG_IGN).
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        _set_stop_handler(signal.SIG_IGN)
 
     def _ensure_engine(self) -> Any:
         if self._engine is None:
@@ -465,7 +466,7 @@ class Run:
                 self._engine.wait(timeout=wait_s)
             except Exception:  # noqa: BLE001 - a save that cannot commit without its peer: the ledger has it
                 pass
-        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        _set_stop_handler(signal.SIG_DFL)
 
     def _heartbeat_phase(self, phase: str) -> None:
         # Tells the supervisor's hang detector that a long, step-less phase (final save) is starting.
@@ -474,7 +475,7 @@ class Run:
 
     def _close(self, status: str) -> None:
         self._finished = True
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # the run is over: a late stop request is moot
+        _set_stop_handler(signal.SIG_IGN)  # the run is over: a late stop request is moot
         if self._engine is not None:
             self._engine.close()
         if not self.supervised and self.is_main:
@@ -485,6 +486,13 @@ class Run:
 
 
 _CURRENT: Run | None = None
+
+
+def _set_stop_handler(handler: Any) -> None:
+    """SIGUSR1's disposition, where Python allows it: only the main thread may set one (Ray Train runs
+    the loop in another thread, where the run has no stop handler to change; see gpufleet.ray)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGUSR1, handler)
 
 
 def abandon_current(wait_s: float) -> None:
