@@ -69,6 +69,7 @@ class Supervisor:
         self.faults = list(config.faults)
         self.rollback = RollbackPlanner(self.run_dir, window=config.worker.spike_window)
         self._last_in_process_step: int | None = None  # the failure step of the last in-process restart
+        self._in_process_attempt: int | None = None  # the attempt that in-process restart began
 
     # ------------------------------------------------------------------ public
     def run(self) -> Outcome:
@@ -252,6 +253,7 @@ class Supervisor:
                     run.stop(self.cfg.grace_s)
                 else:
                     self._last_in_process_step = self._failed_at(failure, mon)
+                    self._in_process_attempt = attempt
             run.close()  # after a handover: only what the next attempt did not take
             path = E.RestartPath.IN_PROCESS if carried is not None else E.RestartPath.FULL
             ledger.emit(E.Restart(attempt=attempt, reason=failure.cause.value, path=path, fallback=fallback))
@@ -272,6 +274,11 @@ class Supervisor:
         at = self._failed_at(failure, mon)
         if self._last_in_process_step == at:
             return f"a second failure at step {at} after an in-process restart there"
+        # The failing step comes from heartbeats, which lag under load; so a failure in the attempt
+        # an in-process restart began, before that attempt committed any checkpoint, counts as the
+        # same failure again (no durable progress past it).
+        if mon.attempt == self._in_process_attempt and mon.committed_step < 0:
+            return f"a second failure at step {at} after an in-process restart, before any new checkpoint"
         codes = run.poll()
         gone = [w.rank for w in run.workers if w.rank != failure.rank and codes.get(w.rank) is not None]
         if gone:
