@@ -426,6 +426,13 @@ class CheckpointEngine:
             out += remote.list_infos(self.config)
         return out
 
+    def newest_metadata(self, max_step: int | None = None) -> Any | None:
+        """DCP ``Metadata`` of the newest local checkpoint (step <= ``max_step``), its bytes checked
+        against the manifest; None if there is none. For shapes only (a load template): ``load``
+        verifies whatever it restores."""
+        self._join()
+        return restore.newest_metadata(self.restore_context(), max_step)
+
     def load(
         self,
         state_dict: dict[str, Any],

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import time
 import uuid
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import xxhash
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.tensor import DTensor
 
@@ -33,11 +35,18 @@ from gpufleet.checkpoint.config import CheckpointConfig
 from gpufleet.checkpoint.failures import failure_reason
 from gpufleet.checkpoint.manifest import Manifest, list_committed, step_dirname
 from gpufleet.checkpoint.onepass import Loaded, ScratchPool, read_verified
-from gpufleet.checkpoint.verify import verify_dir
+from gpufleet.checkpoint.verify import verify_dir, xxh3_hex
 from gpufleet.core import events as E
 from gpufleet.core.errors import CheckpointError, StorageError
 
-__all__ = ["RestoreContext", "choose", "receive_buffers", "agree_on_choice", "forget_choice"]
+__all__ = [
+    "RestoreContext",
+    "agree_on_choice",
+    "choose",
+    "forget_choice",
+    "newest_metadata",
+    "receive_buffers",
+]
 
 _BUFFER_MIN = 1 << 20  # tensors at least this large are read straight into a staging buffer
 
@@ -73,6 +82,27 @@ def receive_buffers(ctx: RestoreContext, state_dict: dict[str, Any]) -> dict[str
         if isinstance(t, torch.Tensor) and t.layout == torch.strided and t.nbytes >= _BUFFER_MIN:
             out[fqn] = ctx.buffer_for(fqn, t.detach())
     return out
+
+
+def newest_metadata(ctx: RestoreContext, max_step: int | None) -> Any | None:
+    """DCP ``Metadata`` of the newest committed checkpoint on local disk (step <= ``max_step``),
+    its ``.metadata`` checked against the manifest first; None when there is none or it does not
+    match. Only the shapes are used (to build the load's template without running the optimizer);
+    the restore itself still verifies whatever checkpoint it chooses."""
+    for path, m in list_committed(ctx.root):
+        if max_step is not None and m.step > max_step:
+            continue
+        entry = m.files.get(".metadata")
+        if entry is None:
+            return None
+        try:
+            raw = (path / ".metadata").read_bytes()
+            if (len(raw), xxh3_hex(xxhash.xxh3_64(raw))) != (entry.bytes, entry.xxh3):
+                return None
+            return pickle.loads(raw)  # verified bytes, written by our own commit
+        except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
+            return None
+    return None
 
 
 def choose(

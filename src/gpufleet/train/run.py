@@ -194,12 +194,23 @@ class Run:
         for opt in self._mapper.optimizers:
             opt.register_step_pre_hook(self._before_optimizer_step)
             opt.register_step_post_hook(self._after_optimizer_step)
-        template = self._mapper.collect()
-        template["_gpufleet"] = self._internal_state()
         max_step = self.settings.rollback.max_step
         t0 = time.monotonic()
-        result = engine.load(template, max_step=max_step, optional=self._mapper.rank_entries())
+        # The load's template needs optimizer state: shaped from the checkpoint's metadata where it
+        # can be, else torch makes it with a fake step. Either way, an optimizer that had none gets
+        # none back when nothing is loaded: a fresh run starts as the same script would without us
+        # (a fake AdamW step leaves step=1 behind and changes every later update).
+        stateless = [opt for opt in self._mapper.optimizers if not opt.state]
+        self._mapper.prime_optimizers(engine.newest_metadata(max_step))
+        template = self._mapper.collect()
+        template["_gpufleet"] = self._internal_state()
+        try:
+            result = engine.load(template, max_step=max_step, optional=self._mapper.rank_entries())
+        except BaseException:
+            self._mapper.unprime(stateless)
+            raise
         if result is None:
+            self._mapper.unprime(stateless)
             self.sink.emit(E.Restore(step=0, fresh=True, load_s=round(time.monotonic() - t0, 4)))
             self._start = 0
         else:

@@ -122,6 +122,72 @@ class StateMapper:
                 sd[name] = obj
         return sd
 
+    def prime_optimizers(self, metadata: Any) -> list[torch.optim.Optimizer]:
+        """Give every optimizer that has no state yet the state tensors the checkpoint holds for it,
+        allocated empty with the shapes and dtypes of its DCP ``metadata``; return those primed.
+
+        Without this, building the load's template (``collect``) makes torch run a fake optimizer
+        step with zero gradients (``_init_optim_state``): for AdamW a full update pass over every
+        parameter that a restart waits for, only to have its result overwritten by the load. The
+        load fills every primed tensor; when it loads nothing, call :meth:`unprime` so the first real
+        step starts the state. Plain and DDP models only: a sharded (DTensor) parameter, a state
+        entry stored as bytes or a name that does not map to one parameter leaves the optimizer to
+        torch (nothing primed)."""
+        model = self.model
+        if model is None or metadata is None or not self.optimizers:
+            return []
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+        from torch.distributed.checkpoint.state_dict import _get_fqns
+        from torch.distributed.tensor import DTensor
+
+        fqn_of: dict[torch.nn.Parameter, str] = {}
+        for name, param in model.named_parameters():
+            fqns = _get_fqns(model, name)
+            if isinstance(param, DTensor) or len(fqns) != 1:
+                return []
+            fqn_of[param] = next(iter(fqns))
+        entries = getattr(metadata, "state_dict_metadata", {})
+        primed: list[torch.optim.Optimizer] = []
+        for key, opt in self.state.items():
+            if not isinstance(opt, torch.optim.Optimizer) or opt.state:
+                continue
+            prefix = f"{key}.state."
+            saved: dict[str, dict[str, Any]] = {}  # fqn -> state name -> storage metadata
+            for k, md in entries.items():
+                if k.startswith(prefix):
+                    fqn, _, name = k[len(prefix) :].rpartition(".")
+                    saved.setdefault(fqn, {})[name] = md
+            state: dict[torch.nn.Parameter, dict[str, torch.Tensor]] = {}
+            for group in opt.param_groups:
+                for param in group["params"]:
+                    fqn = fqn_of.get(param)
+                    if fqn is None:
+                        return self.unprime(primed)
+                    items = saved.get(fqn, {})
+                    if not all(isinstance(md, TensorStorageMetadata) for md in items.values()):
+                        return self.unprime(primed)
+                    # 0-d entries (Adam's step) live on the CPU unless the optimizer moves them:
+                    # its own load_state_dict puts each value where it wants it.
+                    state[param] = {
+                        n: torch.empty(
+                            md.size, dtype=md.properties.dtype, device=param.device if len(md.size) else "cpu"
+                        )
+                        for n, md in items.items()
+                    }
+            for param, values in state.items():
+                if values:
+                    opt.state[param] = values
+            if opt.state:
+                primed.append(opt)
+        return primed
+
+    @staticmethod
+    def unprime(primed: list[torch.optim.Optimizer]) -> list[torch.optim.Optimizer]:
+        """Drop the (unloaded) state :meth:`prime_optimizers` gave these optimizers; returns []."""
+        for opt in primed:
+            opt.state.clear()
+        return []
+
     def apply(self, sd: dict[str, Any], *, step: int = 0) -> None:
         """Load ``sd`` (as returned by the checkpoint engine) back into the objects. ``step``: the
         checkpoint's step, from which a rank without saved per-rank state derives its own. Call
