@@ -154,16 +154,19 @@ def test_memory_tier_across_three_nodes_restores_a_killed_rank_from_peer_memory(
     run_job(d, "--nodes", "3", "--memory-tier", "16MiB", *drill, steps=steps)
     assert evs(d, "run_end")[-1]["status"] == "completed"
     assert ranks_on(d, 0) == {"n1": [0], "n2": [1], "n3": [2]}
-    # node 0's part (n1, rank 0) of each checkpoint is replicated on node 1: n2, another Slurm node
-    assert replicated(d, 5) and replicated(d, 10)
+    # node 0's part (n1, rank 0) of each checkpoint is replicated on node 1: n2, another Slurm node.
+    # Which steps: every 5th, unless a save was still in flight then (the skip policy: under load CI
+    # saved 5 and 11)
+    saved = [m["step"] for m in evs(d, "ckpt_memory") if m["attempt"] == 0]
+    assert saved and saved[0] == 5 and max(saved) < 12 and all(replicated(d, s) for s in saved), saved
     (kill,) = evs(d, "inject")
     assert (kill["kind"], kill["rank"], kill["attempt"], kill["step"]) == ("kill", 1, 0, 12)
     assert {f["cause"] for f in evs(d, "failure")} == {"crash"}
     assert [a["nodes"] for a in evs(d, "attempt_start")] == [["n1", "n2", "n3"]] * 2
-    # settle=1: the kill waited for step 10's save and its replication; each node lacks one part (it
-    # holds its own and its predecessor's), so the restore assembles step 10 over the network
+    # settle=1: the kill waited for the newest save and its replication; each node lacks one part (it
+    # holds its own and its predecessor's), so the restore assembles that step over the network
     restore = evs(d, "restore")[-1]
-    assert (restore["attempt"], restore["step"], restore["source"]) == (1, 10, "peer_memory"), restore
+    assert (restore["attempt"], restore["step"], restore["source"]) == (1, max(saved), "peer_memory"), restore
     verified = evs(d, "ckpt_verified")[-1]
     assert verified["source"] == "peer_memory" and verified["path"].startswith(str(tmp_path / "shm" / "n1"))
     assert evs(d, "restore_rejected") == []
