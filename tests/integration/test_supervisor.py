@@ -72,6 +72,26 @@ def test_crash_hang_nan_recover_bit_identical(tmp_path, reference):
     assert end["status"] == "completed" and end["restarts"] == 3
 
 
+def test_three_ranks_resume_bit_identical_after_a_crash_and_an_in_process_restart(tmp_path):
+    # With 3+ ranks the sum order of DDP's all-reduce depends on its bucket layout, which a new DDP
+    # (every restart) first has differently: gpufleet.train.exactddp replays the rebuilt layout.
+    ref, crash, inproc = tmp_path / "ref", tmp_path / "crash", tmp_path / "inproc"
+    assert gpufleet_run(ref, nproc=3).returncode == 0
+    kill = ("--inject", "kill:rank=1,step=12,settle=1")
+    p = gpufleet_run(crash, *kill, nproc=3)
+    assert p.returncode == 0, p.stderr[-3000:]
+    p = gpufleet_run(inproc, "--in-process-restart", *kill, nproc=3)
+    assert p.returncode == 0, p.stderr[-3000:]
+    for d, path in ((crash, "full"), (inproc, "in_process")):
+        assert [e["path"] for e in evs(d, "restart")] == [path]
+        assert [e["step"] for e in evs(d, "restore")][1] >= 10
+        assert final(d)["sha256"] == final(ref)["sha256"], d.name
+    # The layout travels in the checkpoint's meta: parameter names per rebuilt bucket.
+    manifest = json.loads(next((crash / "checkpoints").glob("step_*/manifest.json")).read_text())
+    layout = manifest["meta"]["ddp_buckets"]
+    assert layout == [["3.bias", "3.weight", "0.bias", "0.weight"]]  # one bucket, in backward's order
+
+
 def test_recurring_spike_rolls_back_and_skips_its_batches(tmp_path):
     p = gpufleet_run(tmp_path, "--inject", "spike:step=30,factor=1000,persist=1", steps=45, extra=())
     assert p.returncode == 0, p.stderr[-3000:]

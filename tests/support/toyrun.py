@@ -12,11 +12,16 @@ GPUFLEET = [sys.executable, "-m", "gpufleet.cli.main"]
 
 
 def gpufleet_run(
-    run_dir: Path, *flags: str, steps: int = 40, timeout: float = 150, extra: tuple[str, ...] = ()
+    run_dir: Path,
+    *flags: str,
+    steps: int = 40,
+    timeout: float = 150,
+    extra: tuple[str, ...] = (),
+    nproc: int = 2,
 ) -> subprocess.CompletedProcess[str]:
-    """2 ranks, a checkpoint every 5 steps, a 3 s hang floor; ``flags`` go to `gpufleet run`,
+    """``nproc`` ranks (2), a checkpoint every 5 steps, a 3 s hang floor; ``flags`` go to `gpufleet run`,
     ``extra`` to the script."""
-    cmd = [*GPUFLEET, "run", "-n", "2", "--run-dir", str(run_dir), "--checkpoint-every", "5",
+    cmd = [*GPUFLEET, "run", "-n", str(nproc), "--run-dir", str(run_dir), "--checkpoint-every", "5",
            "--hang-timeout", "3", "--no-progress", *flags, "--", sys.executable, SCRIPT,
            "--steps", str(steps), *extra]  # fmt: skip
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

@@ -87,6 +87,7 @@ class Run:
         self._engine: Any = None
         self._policy: Any = None
         self._mapper: StateMapper | None = None
+        self._ddp: Any = None  # exactddp.DDPWatcher with 3+ ranks: their resume stays bit-identical
         self._start = 0
         self.step = 0
         self.epoch = 0
@@ -240,6 +241,11 @@ class Run:
                     saved_world_size=saved_world if saved_world != self.world_size else None,
                 )
             )
+        if self.world_size >= 3 and self._mapper.model is not None:
+            from gpufleet.train.exactddp import DDPWatcher
+
+            saved = None if result is None else result.meta.get("ddp_buckets")
+            self._ddp = DDPWatcher(self._mapper.model, saved=saved)
         self._last_saved_step = self._start
         self.step = self._start
         self._policy.reset(self._start, time.time())
@@ -252,6 +258,8 @@ class Run:
 
     def _after_optimizer_step(self, *args: Any, **kwargs: Any) -> None:
         self._progressed = True
+        if self._ddp is not None:
+            self._ddp.stop_watching()
 
     def _after_forward(self, *args: Any) -> None:
         # The first forward of the step (gradient accumulation runs several): data loading and forward
@@ -270,6 +278,9 @@ class Run:
             "steps_per_epoch": self.steps_per_epoch,
             "world_size": self.world_size,
         }
+        layout = None if self._ddp is None else self._ddp.checkpoint_layout()
+        if layout:  # DDP's rebuilt buckets: a resume replays its first all-reduce in them
+            meta["ddp_buckets"] = layout
         fault = self._faults.checkpoint_fault(step)
         kind = None if fault is None else ("fail" if fault.kind == "ckpt_fail" else "corrupt")
         deferred = self._mapper.deferred_keys() if self.settings.overlap_staging and not force else None

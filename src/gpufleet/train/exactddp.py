@@ -1,0 +1,153 @@
+"""Bit-identical resume of ``DistributedDataParallel`` with three or more ranks.
+
+Why it is needed. A new DDP instance all-reduces its first synced backward in one bucket holding every
+gradient in registration order; from the second on it uses buckets rebuilt from the order in which
+the gradients became ready. A ring all-reduce sums each element in an order set by the element's
+position in its bucket: with two ranks ``a + b == b + a`` exactly, with three ``(a + b) + c`` and
+``a + (b + c)`` differ in the last bit. So the first step of a resumed attempt (a new DDP) summed
+differently from the same step of an unbroken run (rebuilt buckets), and every later step inherited
+the difference: a run resumed at 3 or more ranks was not bit-identical to one that never failed.
+
+What it does. A DDP communication hook that does what DDP's built-in path does, bit for bit (scale
+each gradient by ``1 / world_size``, all-reduce the bucket), and records the rebuilt layout (the
+parameter names of every bucket, as DDP rebuilt them on rank 0 and sent to all). The run saves the
+layout in each checkpoint's meta; a resumed attempt's first synced backward all-reduces its gradients
+in that layout instead of the single initial bucket, so it sums exactly as the unbroken run did.
+The first backward of a fresh run is left as DDP does it: an unbroken run has it too.
+
+Not covered (DDP's behaviour is left alone, and the resume is exact only for two ranks, as before):
+``static_graph=True``, a user's own communication hook, DDP's mixed precision, and the Python
+reducer. ``find_unused_parameters=True`` needs nothing: DDP never rebuilds its buckets then.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+__all__ = ["ExactBuckets", "DDPWatcher"]
+
+Layout = list[list[str]]
+
+
+class ExactBuckets:
+    """The hook's state for one DDP instance: its recorded layout, and the saved one to replay."""
+
+    def __init__(self, ddp: DistributedDataParallel, saved: Layout | None) -> None:
+        self.names = {id(p): n for n, p in ddp.module.named_parameters()}
+        self.group = ddp.process_group
+        self.scale = 1.0 / self.group.size()  # DDP's built-in path multiplies by this very double
+        self.saved = saved
+        self.iteration = 0  # synced backwards seen by this instance
+        self.layout: Layout | None = None  # the rebuilt buckets, recorded in the second synced backward
+        self._current: Layout = []
+        self._views: dict[str, torch.Tensor] = {}
+        self._pending: list[tuple[torch.futures.Future[torch.Tensor], torch.Tensor]] = []
+
+    def checkpoint_layout(self) -> Layout | None:
+        """The layout for the next checkpoint's meta: this attempt's own, else the one it resumed with."""
+        return self.layout or self.saved
+
+    def hook(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        buf = bucket.buffer()
+        buf.mul_(self.scale)
+        names = [self.names[id(p)] for p in bucket.parameters()]
+        if self.iteration == 0 and self.saved:  # a resumed attempt's first synced backward
+            fut = self._replay(bucket, names, buf)
+        else:
+            work = dist.all_reduce(buf, group=self.group, async_op=True)  # as DDP's own path does
+            fut = work.get_future().then(lambda f: f.value()[0])
+        if self.iteration >= 1 and self.layout is None:
+            self._current.append(names)
+        if bucket.is_last():
+            if self.iteration >= 1 and self.layout is None:
+                self.layout = self._current
+            self.iteration += 1
+        return fut
+
+    def _replay(
+        self, bucket: dist.GradBucket, names: list[str], buf: torch.Tensor
+    ) -> torch.futures.Future[torch.Tensor]:
+        """Hold the initial buckets until the last one, then all-reduce every gradient in the saved
+        layout. Every rank decides the same way (same checkpoint, same model), so the collectives match."""
+        assert self.saved is not None
+        self._views.update(zip(names, bucket.gradients(), strict=True))
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        self._pending.append((fut, buf))
+        if not bucket.is_last():
+            return fut
+        views, self._views = self._views, {}
+        if sorted(views) != sorted(n for group in self.saved for n in group):
+            groups = [list(views)]  # the model changed since the checkpoint: nothing to match
+        else:
+            groups = self.saved
+        for group in groups:
+            flat = torch.cat([views[n].reshape(-1) for n in group])
+            dist.all_reduce(flat, group=self.group)
+            offset = 0
+            for n in group:
+                v = views[n]
+                v.copy_(flat[offset : offset + v.numel()].view_as(v))
+                offset += v.numel()
+        pending, self._pending = self._pending, []
+        for f, b in pending:
+            f.set_result(b)
+        return fut
+
+
+def _hook(state, bucket):  # type: ignore[no-untyped-def]
+    # Unannotated on purpose: DDP compares the annotations with its own types, and this module's
+    # are strings (``from __future__ import annotations``).
+    return state.hook(bucket)
+
+
+def _supported(ddp: DistributedDataParallel) -> bool:
+    return not (
+        getattr(ddp, "static_graph", False)
+        or getattr(ddp, "find_unused_parameters", False)  # no rebuild: the layout never changes
+        or getattr(ddp, "_comm_hooks", None)  # the user's own hook: theirs to keep
+        or getattr(ddp, "mixed_precision", None) is not None
+        or getattr(ddp, "_use_python_reducer", False)
+        or getattr(ddp, "_delay_all_reduce_all_params", False)
+    )
+
+
+class DDPWatcher:
+    """Finds the DDP instance that wraps the restore dict's model and attaches the hook to it.
+
+    The script may wrap its model before or after ``run.restore``, and put either the DDP or the inner
+    module in the dict; so until the first step is done a global forward pre-hook looks at each
+    module called, and attaches at the first DDP whose ``module`` is the model (or that is it).
+    """
+
+    def __init__(self, model: torch.nn.Module, saved: Layout | None) -> None:
+        self.model = model
+        self.saved = saved
+        self.exact: ExactBuckets | None = None
+        self._handle: Any = None
+        if isinstance(model, DistributedDataParallel):
+            self._attach(model)
+        else:
+            self._handle = torch.nn.modules.module.register_module_forward_pre_hook(self._look)
+
+    def _look(self, module: torch.nn.Module, args: Any) -> None:
+        if isinstance(module, DistributedDataParallel) and module.module is self.model:
+            self._attach(module)
+            self.stop_watching()
+
+    def _attach(self, ddp: DistributedDataParallel) -> None:
+        if self.exact is None and _supported(ddp):
+            self.exact = ExactBuckets(ddp, self.saved)
+            ddp.register_comm_hook(self.exact, _hook)
+
+    def stop_watching(self) -> None:
+        """After the first step: a script without DDP pays for the global hook no longer."""
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    def checkpoint_layout(self) -> Layout | None:
+        return self.exact.checkpoint_layout() if self.exact is not None else None
