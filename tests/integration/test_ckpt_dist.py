@@ -111,11 +111,12 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def test_two_ranks_save_load_then_reshard_to_one(tmp_path: Path) -> None:
+def _two_ranks(script: str, *args: str) -> None:
+    """Run ``script`` as 2 gloo ranks; each must exit 0 after printing "OK <rank>"."""
     port = str(_free_port())
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", WORKER, str(tmp_path), "save"],
+            [sys.executable, "-c", script, *args],
             env=_env(RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -126,6 +127,10 @@ def test_two_ranks_save_load_then_reshard_to_one(tmp_path: Path) -> None:
     outs = [p.communicate(timeout=120)[0] for p in procs]
     for r, (p, out) in enumerate(zip(procs, outs, strict=True)):
         assert p.returncode == 0 and f"OK {r}" in out, out[-3000:]
+
+
+def test_two_ranks_save_load_then_reshard_to_one(tmp_path: Path) -> None:
+    _two_ranks(WORKER, str(tmp_path), "save")
     ckpt = tmp_path / "ck" / "step_00000002"
     names = sorted(p.name for p in ckpt.iterdir())
     assert "manifest.json" in names and ".metadata" in names
@@ -140,3 +145,72 @@ def test_two_ranks_save_load_then_reshard_to_one(tmp_path: Path) -> None:
         timeout=120,
     )
     assert out.returncode == 0 and "RESHARD_OK" in out.stdout, out.stdout[-2000:] + out.stderr[-3000:]
+
+
+DEDUP = textwrap.dedent(
+    """
+    import os, sys, torch, torch.distributed as dist
+    from gpufleet.checkpoint import CheckpointConfig, CheckpointEngine
+    from gpufleet.core.errors import CheckpointError
+    from gpufleet.core.ledger import NullSink
+
+    root = sys.argv[1]
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    eng = CheckpointEngine(CheckpointConfig(dir=os.path.join(root, "ck")), rank=rank, world_size=world,
+                           sink=NullSink())
+
+    live = {"model": {f"l{i}": torch.zeros(128, 128) for i in range(8)},
+            f"rng.rank{rank}": torch.zeros(4)}  # replicated DDP-like state, plus one rank's own entry
+
+    def fill(step):
+        for i, t in enumerate(live["model"].values()):
+            t.fill_(step * 10 + i)
+        live[f"rng.rank{rank}"].fill_(rank * 100 + step)
+
+    def save(step, deferred=None):
+        fill(step)
+        ok = eng.save(step, live, deferred=deferred)
+        eng.wait_staged()
+        staged = eng._job.stage.nbytes
+        fill(-1)  # the training goes on: nothing live may reach this checkpoint
+        try:
+            eng.wait()
+        except CheckpointError as e:
+            return staged, str(e)
+        return staged, None
+
+    full = 8 * 128 * 128 * 4 + 16
+    half = full // 2 + 8  # what DCP's dedup gives each rank: half the replicated tensors, its own entry
+    # a deferred copy (parameters, optimizer state) waits for the save plan: half from the first save
+    s1, e1 = save(1, deferred=lambda k: k.startswith("model"))
+    assert (s1, e1) == (half, None), (s1, e1)
+    # a synchronous copy knows the plan from the save before: half from the second save
+    s2, e2 = save(2)
+    assert (s2, e2) == (half, None), (s2, e2)
+    # a plan that would make this rank write a tensor it did not stage fails the save, not the checkpoint
+    layout, elsewhere = eng._elsewhere
+    mine = {f"model.l{i}" for i in range(8)} - elsewhere
+    eng._elsewhere = (layout, frozenset(mine))
+    s3, e3 = save(3)
+    assert e3 is not None and "save plan changed" in e3, e3
+    s4, e4 = save(4)  # and the next one stages everything again
+    assert (s4, e4) == (full, None), (s4, e4)
+    s5, e5 = save(5)
+    assert (s5, e5) == (half, None), (s5, e5)
+    got = {"model": {f"l{i}": torch.empty(128, 128) for i in range(8)}, f"rng.rank{rank}": torch.empty(4)}
+    r = eng.load(got)
+    assert r is not None and r.step == 5
+    for i, t in enumerate(got["model"].values()):
+        assert torch.equal(t, torch.full((128, 128), 50.0 + i)), (i, t[0, 0])
+    assert torch.equal(got[f"rng.rank{rank}"], torch.full((4,), rank * 100 + 5.0))
+    eng.close()
+    dist.barrier()
+    dist.destroy_process_group()
+    print("OK", rank, flush=True)
+    """
+)
+
+
+def test_replicated_state_is_staged_once_across_ranks(tmp_path: Path) -> None:
+    _two_ranks(DEDUP, str(tmp_path))

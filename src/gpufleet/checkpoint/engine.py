@@ -42,7 +42,7 @@ from gpufleet.checkpoint.onepass import ScratchPool
 from gpufleet.checkpoint.peer import PeerTier
 from gpufleet.checkpoint.reader import FastReader, MemReader
 from gpufleet.checkpoint.retention import select_deletions
-from gpufleet.checkpoint.staging import StageJob, Stager
+from gpufleet.checkpoint.staging import StageJob, Stager, tensor_layout
 from gpufleet.checkpoint.verify import hash_file
 from gpufleet.checkpoint.writer import SummingWriter
 from gpufleet.core import events as E
@@ -68,6 +68,56 @@ class _Job:
         self.staged_reported = False
         self.waiting = False
         self.thread: threading.Thread | None = None
+        self.layout: Any = None  # staging.tensor_layout of the saved state dict (distributed saves)
+
+
+class _DedupPlanner(dcp.DefaultSavePlanner):
+    """DCP's default planner, which also tells which tensors DCP's deduplication gave to other ranks.
+
+    DDP state is the same on every rank and DCP writes each such tensor once, on one rank chosen by
+    size; the same state dict always gets the same choice. The engine stages only what this rank
+    writes from the second save on (``Stager.stage(skip=)``), so each rank copies (and holds) about
+    1/world_size of a replicated state instead of all of it; the deferred copy (parameters, optimizer
+    state) waits for this plan and copies only this rank's part, from the first save on
+    (``StageJob.copy_planned``). A tensor left unstaged by ``skip`` is the live one,
+    which may change under the save: a plan that would have this rank write one fails the save (the
+    next one stages everything again), never the checkpoint's contents.
+    """
+
+    def __init__(self, stage: StageJob) -> None:
+        super().__init__()
+        self.stage = stage
+        self.skipped = stage.skipped
+        self.elsewhere: frozenset[str] = frozenset()  # plain tensors written by another rank
+        self._local: frozenset[str] = frozenset()
+
+    def _tensor_keys(self, plan: Any) -> frozenset[str]:
+        from torch.distributed.checkpoint.planner import WriteItemType
+
+        keys = set()
+        for item in plan.items:
+            if item.type != WriteItemType.BYTE_IO:
+                path = self.mappings.get(item.index.fqn)
+                keys.add(".".join(map(str, path)) if path else item.index.fqn)  # the stager's key
+        return frozenset(keys)
+
+    def create_local_plan(self) -> Any:
+        plan = super().create_local_plan()
+        self._local = self._tensor_keys(plan)
+        return plan
+
+    def finish_plan(self, new_plan: Any) -> Any:
+        plan = super().finish_plan(new_plan)
+        mine = self._tensor_keys(plan)
+        unstaged = sorted(mine & self.skipped)
+        if unstaged:
+            raise CheckpointError(f"the save plan changed: this rank now writes {unstaged[0]!r}, not staged")
+        self.elsewhere = self._local - mine
+        if self.stage.at_plan:  # the first save too copies only what this rank writes
+            self.stage.copy_planned(mine.__contains__)
+            if self.stage.error is not None:
+                raise self.stage.error
+        return plan
 
 
 class CheckpointEngine:
@@ -101,6 +151,8 @@ class CheckpointEngine:
                 self.pg = dist.new_group(backend="gloo")
             self._ctl = dist.new_group(backend="gloo")
         self._stager = Stager()
+        # After a distributed save: its tensor layout and the tensors DCP gave to other ranks.
+        self._elsewhere: tuple[Any, frozenset[str]] | None = None
         self._pool = ScratchPool()  # restore scratch, reused across loads
         self._lock = threading.Lock()
         self._job: _Job | None = None
@@ -164,8 +216,13 @@ class CheckpointEngine:
                 self._emit(E.CkptSkipped(step=step, reason="previous checkpoint still persisting"))
                 return False
             self._join()
-        stage = self._stager.stage(state_dict, deferred)
+        skip = None
+        layout = tensor_layout(state_dict) if self._distributed else None
+        if self._elsewhere is not None and self._elsewhere[0] == layout:
+            skip = self._elsewhere[1].__contains__
+        stage = self._stager.stage(state_dict, deferred, skip, at_plan=self._distributed)
         job = _Job(step, stage, copy.deepcopy(meta or {}), fault, 0.0)
+        job.layout = layout
         job.thread = threading.Thread(
             target=self._persist, args=(job,), name="gpufleet-ckpt-persist", daemon=True
         )
@@ -202,10 +259,11 @@ class CheckpointEngine:
         )
 
     def _persist(self, job: _Job) -> None:
-        job.stage.done.wait()
-        if not job.waiting:
-            # Nobody is blocked in wait_staged: the copy finished under the user's compute.
-            self._report_staged(job)
+        if not job.stage.at_plan:
+            job.stage.done.wait()
+            if not job.waiting:
+                # Nobody is blocked in wait_staged: the copy finished under the user's compute.
+                self._report_staged(job)
         final = self.root / step_dirname(job.step)
         tmp = self.root / (step_dirname(job.step) + ".tmp")
         t0 = time.perf_counter()
@@ -227,13 +285,24 @@ class CheckpointEngine:
                 direct=self.config.direct_io,
                 tee=stream.stream if stream is not None else None,
             )
+            planner = _DedupPlanner(job.stage)
+            self._elsewhere = None  # until this save has succeeded
             dcp.save(
-                job.stage.staged, storage_writer=writer, process_group=self.pg, no_dist=not self._distributed
+                job.stage.staged,
+                storage_writer=writer,
+                planner=planner,
+                process_group=self.pg,
+                no_dist=not self._distributed,
             )
+            if self._distributed:
+                self._elsewhere = (job.layout, planner.elsewhere)
+            if job.stage.at_plan and not job.waiting:
+                self._report_staged(job)
             if self.rank == 0:
                 files = self._commit(job, writer, tmp, final)
         except BaseException as e:  # noqa: BLE001 - a background thread must report every failure
             ok, reason = False, failure_reason(e)
+            job.stage.abandon(e)  # a copy that never ran must not keep the training waiting
         if self._distributed:
             status = [(ok, reason)]
             dist.broadcast_object_list(status, src=0, group=self.pg)  # rank 0's commit is the verdict

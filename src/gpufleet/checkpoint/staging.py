@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-__all__ = ["Stager", "StageJob", "StagedShard"]
+__all__ = ["Stager", "StageJob", "StagedShard", "tensor_layout"]
 
 _ALIGNED_MIN = 1 << 20  # CPU buffers at least this large are page-aligned mappings
 
@@ -56,24 +56,46 @@ class StagedShard(torch.Tensor):
 class StageJob:
     """One staging pass: the staged state dict and the (possibly still running) deferred copy."""
 
-    def __init__(self, staged: dict[str, Any], pending: list[tuple[torch.Tensor, torch.Tensor]], nbytes: int):
+    def __init__(
+        self, staged: dict[str, Any], pending: list[tuple[str, torch.Tensor, torch.Tensor]], nbytes: int
+    ) -> None:
         self.staged = staged
         self.nbytes = nbytes
         self.done = threading.Event()
         self.error: BaseException | None = None
+        self.skipped: frozenset[str] = frozenset()  # keys left live, not copied (``Stager.stage(skip=)``)
+        self.at_plan = False  # the deferred copy waits for the save plan (``copy_planned``)
         self.copy_s = 0.0
         self._pending = pending
         self._cuda_event: Any = None
 
-    def start(self) -> None:
+    def start(self, at_plan: bool = False) -> None:
+        """Start the deferred copy now on a thread, or (``at_plan``) leave it to ``copy_planned``."""
         if not self._pending:
             self.done.set()
             return
-        if any(src.is_cuda for src, _ in self._pending):
+        if any(src.is_cuda for _, src, _ in self._pending):
             # The copy must see the values as of now, not after later kernels on the main stream.
             self._cuda_event = torch.cuda.Event()
             self._cuda_event.record()
-        threading.Thread(target=self._run, name="gpufleet-ckpt-stage", daemon=True).start()
+        self.at_plan = at_plan
+        if not at_plan:
+            threading.Thread(target=self._run, name="gpufleet-ckpt-stage", daemon=True).start()
+
+    def copy_planned(self, writes: Callable[[str], bool]) -> None:
+        """The deferred copy, once the save plan is known: only the tensors this rank writes. A buffer
+        never copied into is never touched either, so its pages never become resident."""
+        keep = [p for p in self._pending if writes(p[0])]
+        self.nbytes -= sum(dst.nbytes for key, _, dst in self._pending if not writes(key))
+        self._pending = keep
+        self._run()
+
+    def abandon(self, error: BaseException) -> None:
+        """The save failed before its plan: release whoever waits for the copy."""
+        if not self.done.is_set():
+            self.error = self.error or error
+            self._pending = []
+            self.done.set()
 
     def _run(self) -> None:
         t0 = time.perf_counter()
@@ -82,12 +104,12 @@ class StageJob:
                 stream = torch.cuda.Stream()
                 stream.wait_event(self._cuda_event)
                 with torch.cuda.stream(stream):
-                    for src, dst in self._pending:
+                    for _, src, dst in self._pending:
                         dst.copy_(src, non_blocking=True)
                 stream.synchronize()
             else:
                 with torch.no_grad():
-                    for src, dst in self._pending:
+                    for _, src, dst in self._pending:
                         dst.copy_(src)
         except BaseException as e:  # noqa: BLE001 - handed to the persist thread, which reports it
             self.error = e
@@ -118,24 +140,38 @@ class Stager:
             self.buffers[key] = buf
         return buf
 
-    def stage(self, state_dict: dict[str, Any], deferred: Callable[[str], bool] | None = None) -> StageJob:
-        pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+    def stage(
+        self,
+        state_dict: dict[str, Any],
+        deferred: Callable[[str], bool] | None = None,
+        skip: Callable[[str], bool] | None = None,
+        at_plan: bool = False,
+    ) -> StageJob:
+        """Copy ``state_dict`` into the buffers. Plain tensors whose key ``skip`` accepts are not copied:
+        the staged dict holds the live tensor, which DCP then only plans with (its shape and dtype),
+        never reads; the engine skips what another rank writes (replicated DDP state, deduplicated).
+        ``at_plan``: the deferred copy waits for ``StageJob.copy_planned`` (the engine's save plan)."""
+        pending: list[tuple[str, torch.Tensor, torch.Tensor]] = []
         nbytes = 0
         seen: set[str] = set()
+        skipped: set[str] = set()
 
-        def walk(obj: Any, key: str) -> Any:
+        def walk(obj: Any, key: str, shard: bool = False) -> Any:
             nonlocal nbytes
-            if isinstance(obj, DTensor):
-                return StagedShard.of(walk(obj.to_local(), key), obj)
+            if isinstance(obj, DTensor):  # a shard is this rank's alone: always staged
+                return StagedShard.of(walk(obj.to_local(), key, shard=True), obj)
             if isinstance(obj, torch.Tensor):
                 src = obj.detach()
                 if src.layout != torch.strided:
                     raise TypeError(f"cannot checkpoint non-strided tensor at {key!r}")
+                if skip is not None and not shard and skip(key):
+                    skipped.add(key)
+                    return src
                 seen.add(key)
                 dst = self._buffer(key, src)
                 nbytes += dst.nbytes
                 if deferred is not None and deferred(key):
-                    pending.append((src, dst))
+                    pending.append((key, src, dst))
                 else:
                     dst.copy_(src)
                 return dst
@@ -151,8 +187,27 @@ class Stager:
         for k in [k for k in self.buffers if k not in seen]:
             del self.buffers[k]  # keys that disappeared: free their memory
         job = StageJob(staged, pending, nbytes)
-        job.start()
+        job.skipped = frozenset(skipped)
+        job.start(at_plan)
         return job
+
+
+def tensor_layout(state_dict: dict[str, Any]) -> tuple[tuple[str, tuple[int, ...], torch.dtype, bool], ...]:
+    """Every tensor's staging key, shape, dtype and DTensor-ness: what decides a save plan's items."""
+    out: list[tuple[str, tuple[int, ...], torch.dtype, bool]] = []
+
+    def walk(obj: Any, key: str) -> None:
+        if isinstance(obj, torch.Tensor):
+            out.append((key, tuple(obj.shape), obj.dtype, isinstance(obj, DTensor)))
+        elif isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(v, f"{key}.{k}" if key else str(k))
+        elif isinstance(obj, list | tuple):
+            for i, v in enumerate(obj):
+                walk(v, f"{key}.{i}")
+
+    walk(state_dict, "")
+    return tuple(out)
 
 
 def _page_aligned(shape: torch.Size, dtype: torch.dtype, nbytes: int) -> torch.Tensor:
