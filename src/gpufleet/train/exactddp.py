@@ -123,7 +123,11 @@ class DDPWatcher:
     module called, and attaches at the first DDP whose ``module`` is the model (or that is it).
     """
 
+    _watching: DDPWatcher | None = None  # one per process: a new round's watcher ends the last one's
+
     def __init__(self, model: torch.nn.Module, saved: Layout | None) -> None:
+        if DDPWatcher._watching is not None:  # an in-process restart abandoned a round before its step
+            DDPWatcher._watching.stop_watching()
         self.model = model
         self.saved = saved
         self.exact: ExactBuckets | None = None
@@ -132,6 +136,7 @@ class DDPWatcher:
             self._attach(model)
         else:
             self._handle = torch.nn.modules.module.register_module_forward_pre_hook(self._look)
+            DDPWatcher._watching = self
 
     def _look(self, module: torch.nn.Module, args: Any) -> None:
         if isinstance(module, DistributedDataParallel) and module.module is self.model:
@@ -148,6 +153,8 @@ class DDPWatcher:
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
+        if DDPWatcher._watching is self:
+            DDPWatcher._watching = None
 
     def checkpoint_layout(self) -> Layout | None:
         return self.exact.checkpoint_layout() if self.exact is not None else None

@@ -112,3 +112,16 @@ def test_a_layout_that_does_not_fit_the_model_is_not_replayed(outcome: dict) -> 
 def test_ddp_setups_it_does_not_cover_are_left_alone(outcome: dict) -> None:
     assert outcome["unused"][1] is None  # find_unused_parameters: DDP never rebuilds, nothing to record
     assert outcome["user_hook"] is False  # the user's own communication hook stays theirs
+
+
+def test_a_new_watcher_ends_the_global_hook_of_an_abandoned_one() -> None:
+    # An in-process restart can abandon a round before its first step: its finder must not linger.
+    from torch.nn.modules import module as module_mod
+
+    before = len(module_mod._global_forward_pre_hooks)
+    first = DDPWatcher(torch.nn.Linear(2, 2), saved=None)
+    assert len(module_mod._global_forward_pre_hooks) == before + 1
+    second = DDPWatcher(torch.nn.Linear(2, 2), saved=None)
+    assert len(module_mod._global_forward_pre_hooks) == before + 1 and first._handle is None
+    second.stop_watching()
+    assert len(module_mod._global_forward_pre_hooks) == before
