@@ -52,6 +52,8 @@ def main() -> None:
     }
     with open(os.path.join(run.run_dir, f"probe-{attempt}-{run.rank}.json"), "w") as f:
         json.dump(out, f)
+    if run.world_size > 1:  # every rank has written its report before one fails the attempt
+        torch.distributed.barrier()
     if args.fail_rank == run.rank and attempt == 0:
         os._exit(1)
     run.restore({"w": torch.zeros(1)})
