@@ -104,6 +104,9 @@ def _hook(state, bucket):  # type: ignore[no-untyped-def]
     return state.hook(bucket)
 
 
+_watching: DDPWatcher | None = None  # one finder per process: a new round's ends the last one's
+
+
 def _supported(ddp: DistributedDataParallel) -> bool:
     return not (
         getattr(ddp, "static_graph", False)
@@ -123,11 +126,10 @@ class DDPWatcher:
     module called, and attaches at the first DDP whose ``module`` is the model (or that is it).
     """
 
-    _watching: DDPWatcher | None = None  # one per process: a new round's watcher ends the last one's
-
     def __init__(self, model: torch.nn.Module, saved: Layout | None) -> None:
-        if DDPWatcher._watching is not None:  # an in-process restart abandoned a round before its step
-            DDPWatcher._watching.stop_watching()
+        global _watching
+        if _watching is not None:  # an in-process restart abandoned a round before its first step
+            _watching.stop_watching()
         self.model = model
         self.saved = saved
         self.exact: ExactBuckets | None = None
@@ -136,7 +138,7 @@ class DDPWatcher:
             self._attach(model)
         else:
             self._handle = torch.nn.modules.module.register_module_forward_pre_hook(self._look)
-            DDPWatcher._watching = self
+            _watching = self
 
     def _look(self, module: torch.nn.Module, args: Any) -> None:
         if isinstance(module, DistributedDataParallel) and module.module is self.model:
@@ -153,8 +155,9 @@ class DDPWatcher:
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
-        if DDPWatcher._watching is self:
-            DDPWatcher._watching = None
+        global _watching
+        if _watching is self:
+            _watching = None
 
     def checkpoint_layout(self) -> Layout | None:
         return self.exact.checkpoint_layout() if self.exact is not None else None
