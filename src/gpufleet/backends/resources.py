@@ -16,6 +16,12 @@ a cgroup CPU quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``), divided by the ran
 CPUs, blocks inside one NUMA node where the host has several), ``numa`` (each rank every CPU of its
 NUMA node; ranks spread evenly over the nodes), or explicit per-rank CPU lists separated by ``:``
 (``0-3:4-7``). NUMA nodes come from ``/sys/devices/system/node``.
+
+**GPUs.** With a GPU, local rank *i* uses GPU *i* and torch.distributed runs NCCL for CUDA tensors
+and gloo for CPU ones (``cpu:gloo,cuda:nccl``, so gpufleet's small CPU control collectives and a
+script's own CPU ones work beside NCCL). NCCL needs one GPU per rank, so ``gpufleet run`` refuses
+more local ranks than visible GPUs before it launches anything; ``--dist-backend gloo`` lets ranks
+share GPUs (round robin), which is slow but lets a multi-rank job run on a one-GPU workstation.
 """
 
 from __future__ import annotations
@@ -45,6 +51,9 @@ __all__ = [
     "host_plan",
     "thread_env",
     "thread_note",
+    "visible_gpus",
+    "DistPlan",
+    "dist_plan",
 ]
 
 # The thread-count variables of the usual math libraries. OMP_NUM_THREADS rules: if the user set it,
@@ -331,3 +340,50 @@ def thread_note(plan: Sequence[RankResources], environ: Mapping[str, str]) -> st
         f"gpufleet: setting OMP_NUM_THREADS={value} (and MKL/OpenBLAS equivalents) for each of "
         f"{len(plan)} worker(s), their share of this host's CPUs; export OMP_NUM_THREADS to choose yourself"
     )
+
+
+def visible_gpus(environ: Mapping[str, str] | None = None, dev: str | os.PathLike[str] = "/dev") -> int:
+    """GPUs a worker started here would see, without importing torch or creating a CUDA context: the
+    ``/dev/nvidiaN`` devices, limited by ``CUDA_VISIBLE_DEVICES`` where set (``""`` or ``-1``: none)."""
+    environ = os.environ if environ is None else environ
+    try:
+        present = sum(1 for e in os.scandir(dev) if re.fullmatch(r"nvidia\d+", e.name))
+    except OSError:
+        return 0
+    listed = environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is None:
+        return present
+    ids = []
+    for item in listed.split(","):
+        item = item.strip()
+        if not item or item.startswith("-"):
+            break  # CUDA stops at the first invalid entry
+        ids.append(item)
+    return min(len(ids), present)
+
+
+@dataclass(frozen=True, slots=True)
+class DistPlan:
+    """How one worker joins torch.distributed: the process-group backend string and its device."""
+
+    backend: str  # for dist.init_process_group: "gloo" or "cpu:gloo,cuda:nccl"
+    device: str  # "cpu" or "cuda:N"
+
+
+def dist_plan(choice: str, local_rank: int, gpus: int) -> DistPlan:
+    """The backend and device of local rank ``local_rank`` on a host with ``gpus`` usable GPUs.
+
+    ``choice`` is the ``dist_backend`` setting (auto, nccl, gloo). ConfigError when NCCL is asked
+    for without a GPU for this rank."""
+    if gpus <= 0:
+        if choice == "nccl":
+            raise ConfigError("--dist-backend nccl needs a GPU, and this host has none visible")
+        return DistPlan("gloo", "cpu")
+    if choice == "gloo":
+        return DistPlan("gloo", f"cuda:{local_rank % gpus}")
+    if local_rank >= gpus:
+        raise ConfigError(
+            f"local rank {local_rank} has no GPU: {gpus} visible and NCCL needs one per rank; run at "
+            f"most {gpus} rank(s) per node, or share GPUs with --dist-backend gloo"
+        )
+    return DistPlan("cpu:gloo,cuda:nccl", f"cuda:{local_rank}")

@@ -114,6 +114,7 @@ class RunRequest:
             s3_endpoint=p["s3_endpoint"],
             mtbf_s=p["mtbf"],
             memory_tier=p["memory_tier"],
+            dist_backend=p["dist_backend"],
             standby=p["standby"],
             progress=tty if p["progress"] is None else p["progress"],
             backend_options=options,
@@ -205,6 +206,14 @@ def run_command(
             "share of the CPUs unless OMP_NUM_THREADS is set."
         ),
     ] = "none",
+    dist_backend: Annotated[
+        str | None,
+        typer.Option(
+            metavar="auto|nccl|gloo",
+            help="torch.distributed backend. auto (default): NCCL for CUDA tensors and gloo for CPU ones "
+            "where there are GPUs (one per rank), gloo otherwise; gloo: ranks may share a GPU.",
+        ),
+    ] = None,
     min_nproc: Annotated[
         int | None,
         typer.Option(help="local: after repeated failures of one worker slot, go on with fewer, to this."),

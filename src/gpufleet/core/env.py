@@ -37,6 +37,7 @@ class Env(StrEnum):
     OVERLAP = "GPUFLEET_OVERLAP"
     MEMORY_TIER = "GPUFLEET_MEMORY_TIER"  # in-memory checkpoint tier budget (2GiB; 0: off)
     MEMORY_TIER_DIR = "GPUFLEET_MEMORY_TIER_DIR"  # where its keepers live (default /dev/shm; %n: node name)
+    DIST_BACKEND = "GPUFLEET_DIST_BACKEND"  # torch.distributed backend: auto, nccl, gloo
     # Supervisor -> worker plumbing (set by the supervisor and its backends, never by users).
     CONTROL_FD = "GPUFLEET_CONTROL_FD"
     ATTEMPT = "GPUFLEET_ATTEMPT"

@@ -24,7 +24,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -104,6 +104,7 @@ SETTING_ENV: dict[str, Env] = {
     "spike_level": Env.SPIKE_LEVEL,
     "overlap_staging": Env.OVERLAP,
     "memory_tier": Env.MEMORY_TIER,
+    "dist_backend": Env.DIST_BACKEND,
 }
 # field -> the `gpufleet run` flag that sets it
 SETTING_FLAG: dict[str, str] = {
@@ -114,6 +115,7 @@ SETTING_FLAG: dict[str, str] = {
     "s3_endpoint": "--s3-endpoint",
     "mtbf_s": "--mtbf",
     "memory_tier": "--memory-tier",
+    "dist_backend": "--dist-backend",
 }
 # field -> variable, for what only the supervisor sets
 _PLUMBING_ENV: dict[str, Env] = {
@@ -142,6 +144,9 @@ class RunSettings(BaseModel):
     spike_level: float = Field(0.1, ge=0)  # a spike exceeds the median by this x the run's loss scale
     overlap_staging: bool = True  # copy params/optimizer state during the next forward/backward
     memory_tier: int = 0  # bytes of host memory for the in-memory checkpoint tier ("2GiB"); 0: off
+    # torch.distributed backend. auto: NCCL for CUDA tensors and gloo for CPU ones where there is a GPU
+    # (one per local rank), gloo alone otherwise; gloo: gloo for both, ranks may share a GPU.
+    dist_backend: Literal["auto", "nccl", "gloo"] = "auto"
     # Set by the supervisor only:
     control_fd: int | None = Field(None, ge=0)
     attempt: int = Field(0, ge=0)

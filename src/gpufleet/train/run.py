@@ -41,16 +41,19 @@ class SpikeDetected(GpufleetError):
     """Raised in standalone runs when the loss guard fires (under a supervisor the rank exits instead)."""
 
 
-def _setup_distributed() -> tuple[int, int, int]:
+def _setup_distributed(choice: str) -> tuple[int, int, int, torch.device]:
+    from gpufleet.backends.resources import dist_plan
+
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_RANK", str(rank)))
+    plan = dist_plan(choice, local, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    device = torch.device(plan.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if backend == "nccl":
-            torch.cuda.set_device(local)
-        dist.init_process_group(backend=backend)
-    return rank, world, local
+        dist.init_process_group(backend=plan.backend)
+    return rank, world, local, device
 
 
 class Run:
@@ -59,8 +62,7 @@ class Run:
     def __init__(self, settings: RunSettings) -> None:
         t_init = time.time()
         self.settings = settings
-        self.rank, self.world_size, self.local_rank = _setup_distributed()
-        self.device = torch.device(f"cuda:{self.local_rank}" if torch.cuda.is_available() else "cpu")
+        self.rank, self.world_size, self.local_rank, self.device = _setup_distributed(settings.dist_backend)
         self.run_dir = Path(settings.run_dir)
         self.is_main = self.rank == 0
         self.supervised = settings.control_fd is not None

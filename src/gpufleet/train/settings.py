@@ -50,7 +50,15 @@ FLAGS: dict[str, str] = {
     "straggler_action": "--straggler-action",
     **SETTING_FLAG,
 }
-_WORKER_FIELDS = ("checkpoint_every", "keep_last", "upload_url", "s3_endpoint", "mtbf_s", "memory_tier")
+_WORKER_FIELDS = (
+    "checkpoint_every",
+    "keep_last",
+    "upload_url",
+    "s3_endpoint",
+    "mtbf_s",
+    "memory_tier",
+    "dist_backend",
+)
 
 
 class SupervisorConfig(BaseModel):
@@ -79,6 +87,7 @@ class SupervisorConfig(BaseModel):
     s3_endpoint: str | None = None
     mtbf_s: float | None = None
     memory_tier: str | None = None  # in-memory checkpoint tier budget ("2GiB"; "0": off)
+    dist_backend: str | None = None  # auto, nccl, gloo (checked by the workers' RunSettings)
     standby: bool = True
     progress: bool = False
     poll_s: float = Field(0.02, gt=0)
@@ -115,12 +124,25 @@ class SupervisorConfig(BaseModel):
         return self
 
     def _check_resources(self) -> None:
-        from gpufleet.backends.resources import host_plan, parse_cpu_affinity
+        from gpufleet.backends.resources import (
+            dist_plan,
+            host_plan,
+            parse_cpu_affinity,
+            visible_gpus,
+        )
 
         affinity = parse_cpu_affinity(self.cpu_affinity, self.nproc)
         self.cpu_affinity = str(affinity)
         if self.backend == "local":
             host_plan(self.nproc, affinity)  # explicit CPUs must exist here (ConfigError names them)
+            # Every local rank needs its GPU under NCCL: refuse before launching, not at rank 1's init.
+            gpus, choice = visible_gpus(), self._worker.dist_backend
+            if gpus and choice != "gloo" and self.nproc > gpus:
+                raise ConfigError(
+                    f"--nproc-per-node {self.nproc}: {gpus} GPU(s) visible and NCCL needs one per rank; "
+                    f"run -n {gpus}, or let ranks share GPUs with --dist-backend gloo"
+                )
+            dist_plan(choice, 0, gpus)  # nccl without a GPU
         if self.min_nproc is not None:
             if self.backend != "local":
                 raise ConfigError("--min-nproc is for the local backend (srun/slurm: --min-nodes)")

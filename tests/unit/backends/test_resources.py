@@ -11,7 +11,9 @@ from gpufleet.backends.resources import (
     THREAD_VARS,
     AffinityMode,
     CpuAffinity,
+    DistPlan,
     cgroup_cpu_limit,
+    dist_plan,
     format_cpulist,
     numa_nodes,
     parse_cpu_affinity,
@@ -19,6 +21,7 @@ from gpufleet.backends.resources import (
     plan_ranks,
     thread_env,
     thread_note,
+    visible_gpus,
 )
 from gpufleet.core.errors import ConfigError
 
@@ -169,3 +172,27 @@ def test_modes_parse_case_insensitively() -> None:
     assert parse_cpu_affinity(" AUTO ").mode is AffinityMode.AUTO
     assert parse_cpu_affinity("numa").mode is AffinityMode.NUMA
     assert parse_cpu_affinity("none") == NONE
+
+
+def test_visible_gpus_from_cuda_visible_devices_then_dev(tmp_path: Path) -> None:
+    for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm"):
+        (tmp_path / name).touch()
+    assert visible_gpus({}, dev=tmp_path) == 2  # the device files, not the control nodes
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "1"}, dev=tmp_path) == 1
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "GPU-3f2a,GPU-99b1"}, dev=tmp_path) == 2
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "0,-1,1"}, dev=tmp_path) == 1  # CUDA stops at -1
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}, dev=tmp_path) == 0
+    assert visible_gpus({}, dev=tmp_path / "missing") == 0
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "0,1"}, dev=tmp_path / "missing") == 0  # a CPU host
+
+
+def test_dist_plan_per_local_rank() -> None:
+    assert dist_plan("auto", 0, 0) == DistPlan("gloo", "cpu")
+    assert dist_plan("gloo", 3, 0) == DistPlan("gloo", "cpu")
+    assert dist_plan("auto", 1, 2) == DistPlan("cpu:gloo,cuda:nccl", "cuda:1")
+    assert dist_plan("nccl", 0, 1) == DistPlan("cpu:gloo,cuda:nccl", "cuda:0")
+    assert dist_plan("gloo", 3, 2) == DistPlan("gloo", "cuda:1")  # ranks share GPUs round robin
+    with pytest.raises(ConfigError, match="local rank 2 has no GPU: 2 visible"):
+        dist_plan("auto", 2, 2)
+    with pytest.raises(ConfigError, match="needs a GPU"):
+        dist_plan("nccl", 0, 0)
