@@ -1,6 +1,9 @@
 """A small, deterministic training job for the supervisor tests (plain PyTorch + the gpufleet Run API).
 
-Writes RUN_DIR/final.json with the sha256 of the final weights (rank 0) and the steps it saw.
+Model, data and DDP live on ``run.device``, as a GPU user writes it, so tests/gpu runs it on a GPU
+(where ``torch.use_deterministic_algorithms`` needs ``CUBLAS_WORKSPACE_CONFIG=:4096:8``). Writes
+RUN_DIR/final-PID.json with the sha256 of the final weights (rank 0), the steps it saw and the
+devices of its parameters.
 """
 
 import argparse
@@ -19,16 +22,20 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--sleep", type=float, default=0.0)
+    ap.add_argument("--width", type=int, default=32)
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
 
     run = gpufleet.init()
-    data = torch.randn(512, 16, generator=torch.Generator().manual_seed(1))
-    target = data @ torch.randn(16, 1, generator=torch.Generator().manual_seed(2))
-    model = nn.Sequential(nn.Linear(16, 32), nn.Dropout(0.1), nn.ReLU(), nn.Linear(32, 1))
+    dev = run.device
+    data = torch.randn(512, 16, generator=torch.Generator().manual_seed(1)).to(dev)
+    target = data @ torch.randn(16, 1, generator=torch.Generator().manual_seed(2)).to(dev)
+    model = nn.Sequential(nn.Linear(16, args.width), nn.Dropout(0.1), nn.ReLU(), nn.Linear(args.width, 1)).to(
+        dev
+    )
     if run.world_size > 1:
-        model = DDP(model)
+        model = DDP(model, device_ids=[dev] if dev.type == "cuda" else None)
     optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.StepLR(optim, step_size=20, gamma=0.5)
     sampler = gpufleet.StepSampler(len(data), 16, seed=3, rank=run.rank, world_size=run.world_size)
@@ -54,8 +61,9 @@ def main() -> None:
         h = hashlib.sha256()
         for k, v in sorted(inner.state_dict().items()):
             h.update(k.encode())
-            h.update(v.detach().numpy().tobytes())
-        out = {"sha256": h.hexdigest(), "start": start, "steps": seen, "pid": os.getpid()}
+            h.update(v.detach().cpu().numpy().tobytes())
+        devices = sorted({str(p.device) for p in inner.parameters()})
+        out = {"sha256": h.hexdigest(), "start": start, "steps": seen, "pid": os.getpid(), "devices": devices}
         with open(os.path.join(run.run_dir, f"final-{os.getpid()}.json"), "w") as f:
             json.dump(out, f)
 
