@@ -146,8 +146,11 @@ class FastReader(FileSystemReader):
         target = planner.resolve_tensor(req).detach()
         if target.dtype != props.dtype or list(target.shape) != list(req.lengths):
             return None
-        if target.device.type != "cpu" or not target.is_contiguous():
+        if not target.is_contiguous():
             return None
+        # A GPU target too: its bytes are copied from host memory (pinned when the engine's staging
+        # buffer received them). torch.load of the serialized record, the other path, copies every
+        # byte three times through Python bytes: 0.3 GB/s into an H200.
         return target
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
@@ -167,7 +170,12 @@ class FastReader(FileSystemReader):
                         target = self._direct_target(req, planner)
                         span = _raw_data_span(f, md.offset, md.length) if target is not None else None
                         if target is not None and span is not None and span[1] == target.nbytes:
-                            _read_into(f, span[0], target)
+                            if target.device.type == "cpu":
+                                _read_into(f, span[0], target)
+                            else:  # a GPU tensor: through one host buffer, not torch.load's copies
+                                host = torch.empty(target.nbytes, dtype=torch.uint8)
+                                _read_into(f, span[0], host)
+                                target.reshape(-1).view(torch.uint8).copy_(host)
                             planner.commit_tensor(req, target)
                             continue
                     _load_item(req, planner, _read_exact(f, md.offset, md.length))
