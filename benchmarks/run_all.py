@@ -61,6 +61,19 @@ def _needs_llama() -> tuple[str | None, list[str]]:
     return None, []
 
 
+def _has_cuda() -> bool:
+    probe = [sys.executable, "-c", "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"]
+    return subprocess.run(probe, capture_output=True).returncode == 0
+
+
+def _needs_gpu() -> tuple[str | None, list[str]]:
+    return (None, []) if _has_cuda() else ("no CUDA GPU here (scripts/gpu_checks.sh on a GPU machine)", [])
+
+
+def _gpu_or_dry_run() -> tuple[str | None, list[str]]:
+    return None, [] if _has_cuda() else ["--device", "cpu"]  # quick: the same pipeline on the CPU
+
+
 Needs = Callable[[], tuple[str | None, list[str]]]
 
 
@@ -112,6 +125,9 @@ BENCHES = (
           (), ("--skip-llama",), ("p7_planner.json",), _needs_llama, quick_needs=lambda: (None, [])),
     Bench("S3", "S3 tier vs boto3 defaults on SeaweedFS", "bench_s3.py",
           (), ("--size-mib", "16", "--repeats", "1"), ("s3.json",), _needs_s3),
+    Bench("P10", "checkpointing GPU state vs DCP's savers (needs a GPU)", "bench_gpu_ckpt.py",
+          ("--sizes", "1,4", "--repeats", "3"), ("--sizes", "0.5", "--repeats", "1"),
+          ("p10_gpu_ckpt.json",), _needs_gpu, quick_needs=_gpu_or_dry_run),
     Bench("HEALTH", "health: quick tier wall time, slow-lane detection", "bench_health.py",
           (), ("--repeats", "1", "--runs", "2", "--samples", "20"),
           ("health_quick.json", "health_detection.json")),
