@@ -209,3 +209,12 @@ def test_rollback_planner_replays_then_skips(tmp_path):
     assert len(list((ck / "abandoned").iterdir())) == 2  # moved aside, never deleted
     rb = [e for e in read_events(tmp_path) if e["ev"] == "rollback"]
     assert [r["mode"] for r in rb] == ["replay", "skip"] and rb[1]["abandoned"] == [30, 40]
+
+
+def test_control_all_reduce_gets_a_gloo_group_only_when_the_default_group_cannot_carry_cpu() -> None:
+    from gpufleet.train.run import carries_cpu
+
+    assert carries_cpu("gloo") and carries_cpu("cpu:gloo,cuda:nccl") and carries_cpu("mpi")
+    assert not carries_cpu("nccl")  # a script's own dist.init_process_group("nccl") before init()
+    assert not carries_cpu("cuda:nccl")
+    assert carries_cpu("CPU:gloo")

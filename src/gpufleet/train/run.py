@@ -56,6 +56,15 @@ def _setup_distributed(choice: str) -> tuple[int, int, int, torch.device]:
     return rank, world, local, device
 
 
+def carries_cpu(backend: str) -> bool:
+    """Whether a process group made with this backend string runs collectives on CPU tensors."""
+    parts = [b.split(":")[-1] for b in backend.lower().split(",")]
+    devices = [b.split(":")[0] for b in backend.lower().split(",") if ":" in b]
+    if devices:  # "cpu:gloo,cuda:nccl": only the named device types
+        return "cpu" in devices
+    return any(b in ("gloo", "mpi", "ucc") for b in parts)
+
+
 class Run:
     """One worker's view of a (possibly supervised) training run. Create it with :func:`gpufleet.init`."""
 
@@ -79,6 +88,11 @@ class Run:
             self.sink = NullSink()
         # A separate gloo group so background checkpoint collectives never interleave with training's.
         self._ckpt_pg = dist.new_group(backend="gloo") if self.world_size > 1 else None
+        # The per-step control all-reduce is a CPU tensor. gpufleet's own group carries those (gloo,
+        # or cpu:gloo,cuda:nccl); a NCCL-only group the script made itself before init() cannot.
+        self._ctl_pg = None
+        if self.world_size > 1 and not carries_cpu(str(dist.get_backend())):
+            self._ctl_pg = dist.new_group(backend="gloo")
         self._faults = FaultInjector(
             faults_from_env(settings.faults), self.rank, self.sink.emit, settle=self._settle_checkpoint
         )
@@ -321,7 +335,7 @@ class Run:
                         fwd=None if self._fwd_s is None else round(self._fwd_s, 6),
                     )
                 )
-            dist.all_reduce(vec)
+            dist.all_reduce(vec, group=self._ctl_pg)
         self._ctrl_done = True
         total, n_nonfinite, stop, save = vec.tolist()
         self._save_due = save > 0
