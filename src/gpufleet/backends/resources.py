@@ -383,7 +383,7 @@ def dist_plan(choice: str, local_rank: int, gpus: int) -> DistPlan:
         return DistPlan("gloo", f"cuda:{local_rank % gpus}")
     if local_rank >= gpus:
         raise ConfigError(
-            f"local rank {local_rank} has no GPU: {gpus} visible and NCCL needs one per rank; run at "
-            f"most {gpus} rank(s) per node, or share GPUs with --dist-backend gloo"
+            f"{local_rank + 1} ranks per node but {gpus} GPU(s) visible, and NCCL needs one per rank; "
+            f"run -n {gpus}, or let ranks share GPUs with --dist-backend gloo"
         )
     return DistPlan("cpu:gloo,cuda:nccl", f"cuda:{local_rank}")

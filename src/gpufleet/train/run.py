@@ -58,11 +58,10 @@ def _setup_distributed(choice: str) -> tuple[int, int, int, torch.device]:
 
 def carries_cpu(backend: str) -> bool:
     """Whether a process group made with this backend string runs collectives on CPU tensors."""
-    parts = [b.split(":")[-1] for b in backend.lower().split(",")]
-    devices = [b.split(":")[0] for b in backend.lower().split(",") if ":" in b]
-    if devices:  # "cpu:gloo,cuda:nccl": only the named device types
-        return "cpu" in devices
-    return any(b in ("gloo", "mpi", "ucc") for b in parts)
+    entries = backend.lower().split(",")
+    if any(":" in e for e in entries):  # "cpu:gloo,cuda:nccl": only the device types it names
+        return any(e.split(":")[0] == "cpu" for e in entries)
+    return any(e in ("gloo", "mpi", "ucc") for e in entries)
 
 
 class Run:

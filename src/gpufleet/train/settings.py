@@ -135,14 +135,9 @@ class SupervisorConfig(BaseModel):
         self.cpu_affinity = str(affinity)
         if self.backend == "local":
             host_plan(self.nproc, affinity)  # explicit CPUs must exist here (ConfigError names them)
-            # Every local rank needs its GPU under NCCL: refuse before launching, not at rank 1's init.
-            gpus, choice = visible_gpus(), self._worker.dist_backend
-            if gpus and choice != "gloo" and self.nproc > gpus:
-                raise ConfigError(
-                    f"--nproc-per-node {self.nproc}: {gpus} GPU(s) visible and NCCL needs one per rank; "
-                    f"run -n {gpus}, or let ranks share GPUs with --dist-backend gloo"
-                )
-            dist_plan(choice, 0, gpus)  # nccl without a GPU
+            # The last local rank's plan, as its worker will make it: refuse before launching, not at
+            # that rank's init (NCCL needs a GPU per rank; --dist-backend nccl needs a GPU at all).
+            dist_plan(self._worker.dist_backend, self.nproc - 1, visible_gpus())
         if self.min_nproc is not None:
             if self.backend != "local":
                 raise ConfigError("--min-nproc is for the local backend (srun/slurm: --min-nodes)")
