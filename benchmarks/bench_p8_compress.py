@@ -119,7 +119,13 @@ def phase_prune(work: Path, target: float, tokens: int, variants: list[str]) -> 
 
 
 def phase_heal(
-    work: Path, steps: int, batch: int, seq_len: int, lr: float, name: str = "best-healed"
+    work: Path,
+    steps: int,
+    batch: int,
+    seq_len: int,
+    lr: float,
+    name: str = "best-healed",
+    ce_weight: float = 0.0,
 ) -> None:
     dense = dense_dir(work)
     load0 = os.getloadavg()
@@ -145,6 +151,8 @@ def phase_heal(
             str(seq_len),
             "--lr",
             str(lr),
+            "--ce-weight",
+            str(ce_weight),
             "--checkpoint-every",
             "25",
         ],
@@ -161,6 +169,7 @@ def phase_heal(
                 "batch": batch,
                 "seq_len": seq_len,
                 "lr": lr,
+                "ce_weight": ce_weight,  # the kl_* figures below are the mixed loss when it is > 0
                 "wall_s": round(time.monotonic() - t0, 1),
                 "cpu_s": round((after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime), 1),
                 "train_s": res["train_s"],
@@ -414,6 +423,9 @@ def main() -> None:
     ap.add_argument("--heal-batch", type=int, default=4)
     ap.add_argument("--heal-seq-len", type=int, default=256)
     ap.add_argument("--heal-lr", type=float, default=3e-4)
+    ap.add_argument(
+        "--heal-ce-weight", type=float, default=0.0, help="heal phase: `compress heal --ce-weight`"
+    )
     ap.add_argument("--heal-name", default="best-healed", help="heal phase: output model name under --work")
     ap.add_argument("--eval-tokens", type=int, default=8192)
     ap.add_argument("--speed-rounds", type=int, default=5)
@@ -433,7 +445,9 @@ def main() -> None:
     if a.phase in ("prune", "all"):
         phase_prune(a.work, a.target, a.calib_tokens, a.variants.split(","))
     if a.phase in ("heal", "all"):
-        phase_heal(a.work, a.heal_steps, a.heal_batch, a.heal_seq_len, a.heal_lr, a.heal_name)
+        phase_heal(
+            a.work, a.heal_steps, a.heal_batch, a.heal_seq_len, a.heal_lr, a.heal_name, a.heal_ce_weight
+        )
     if a.phase in ("eval", "all"):
         phase_eval(a.work, a.eval_tokens, a.eval_models.split(","))
     if a.phase in ("speed", "all"):

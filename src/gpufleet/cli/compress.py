@@ -206,6 +206,13 @@ def heal_cmd(
     batch: Annotated[int, typer.Option(help="Sequences per step.")] = 4,
     seq_len: Annotated[int, typer.Option(help="Tokens per sequence.")] = 256,
     lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 2e-4,
+    ce_weight: Annotated[
+        float,
+        typer.Option(
+            help="Weight of the domain text's own next-token loss, mixed with the distillation KL "
+            "((1-w)*KL + w*CE; 0: pure distillation)."
+        ),
+    ] = 0.0,
     lora: Annotated[int, typer.Option(help="LoRA rank (0: full fine-tuning).")] = 0,
     fp32: Annotated[bool, typer.Option("--fp32", help="No bf16 autocast.")] = False,
     seed: Annotated[int, typer.Option(help="Data order seed.")] = 0,
@@ -229,6 +236,7 @@ def heal_cmd(
         batch=batch,
         seq_len=seq_len,
         lr=lr,
+        ce_weight=ce_weight,
         lora=lora,
         bf16=not fp32,
         seed=seed,

@@ -185,6 +185,11 @@ class HealConfig:
     """AdamW learning rate (cosine decay after a 5% warm-up)."""
     temperature: float = 1.0
     """Distillation temperature."""
+    ce_weight: float = 0.0
+    """Weight of the next-token cross-entropy on the domain text in the loss,
+    ``(1 - w) * KL(teacher || student) + w * CE``: 0 is pure distillation (the student learns the
+    teacher's distribution, domain and all); above 0 it also learns the domain's own text, which the
+    dense teacher was never specialised to."""
     lora: int = 0
     """LoRA rank (0: full fine-tuning)."""
     bf16: bool = True
@@ -197,3 +202,5 @@ class HealConfig:
             _positive(f"--{name.replace('_', '-')}", getattr(self, name))
         if self.lr <= 0 or self.temperature <= 0 or self.lora < 0:
             raise UsageError("--lr and --temperature must be positive, --lora >= 0")
+        if not 0.0 <= self.ce_weight <= 1.0:
+            raise UsageError(f"--ce-weight must be in [0, 1], got {self.ce_weight}")

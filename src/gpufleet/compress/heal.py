@@ -7,7 +7,10 @@ training layer. Batches are a pure function of (seed, step), so a killed run tha
 checkpoint trains on exactly the batches it would have seen, and ends bit-identical.
 
 Loss: ``T^2 * KL(softmax(teacher/T) || softmax(student/T))`` per token; with a trimmed vocabulary,
-the teacher's logits are restricted to the student's kept token ids (``vocab_ids.json``).
+the teacher's logits are restricted to the student's kept token ids (``vocab_ids.json``). With
+``ce_weight`` w > 0 the loss is ``(1 - w) * KL + w * CE``, CE the next-token cross-entropy on the
+domain text itself (the student's own token ids): distillation alone can at best give back the
+teacher's domain perplexity, and the teacher is a generalist.
 """
 
 from __future__ import annotations
@@ -133,20 +136,33 @@ class HealJob:
         import torch
         import torch.nn.functional as F
 
-        T = self.cfg.temperature
+        T, w = self.cfg.temperature, self.cfg.ce_weight
         ctx = torch.autocast("cpu", dtype=torch.bfloat16) if self.cfg.bf16 else _Null()
         with ctx:
-            with torch.no_grad():
-                t_ids = ids if self.vocab_index is None else self.vocab_index[ids]
-                if self.vocab_index is None:
-                    t_logits = self.teacher(input_ids=t_ids, use_cache=False).logits
-                else:  # only the kept rows of the teacher's LM head: a quarter of its cost for 13k of 49k
-                    hidden = self.teacher.model(input_ids=t_ids, use_cache=False).last_hidden_state
-                    t_logits = F.linear(hidden, self.teacher_head)
+            t_logits = None if w == 1.0 else self._teacher_logits(ids)  # CE alone needs no teacher
             s_logits = self.student(input_ids=ids, use_cache=False).logits
-        t = F.log_softmax(t_logits.float() / T, dim=-1)
-        s = F.log_softmax(s_logits.float() / T, dim=-1)
-        return (T * T) * F.kl_div(s.flatten(0, 1), t.flatten(0, 1), log_target=True, reduction="batchmean")
+        loss = 0.0
+        if t_logits is not None:
+            t = F.log_softmax(t_logits.float() / T, dim=-1)
+            s = F.log_softmax(s_logits.float() / T, dim=-1)
+            kl = (T * T) * F.kl_div(s.flatten(0, 1), t.flatten(0, 1), log_target=True, reduction="batchmean")
+            if not w:
+                return kl
+            loss = (1.0 - w) * kl
+        # next-token targets: position i predicts token i + 1 (the last position has none)
+        ce = F.cross_entropy(s_logits[:, :-1].float().flatten(0, 1), ids[:, 1:].flatten())
+        return loss + w * ce
+
+    def _teacher_logits(self, ids: Any) -> Any:
+        import torch
+        import torch.nn.functional as F
+
+        with torch.no_grad():
+            if self.vocab_index is None:
+                return self.teacher(input_ids=ids, use_cache=False).logits
+            # only the kept rows of the teacher's LM head: a quarter of its cost for 13k of 49k
+            hidden = self.teacher.model(input_ids=self.vocab_index[ids], use_cache=False).last_hidden_state
+            return F.linear(hidden, self.teacher_head)
 
     def merged(self) -> Any:
         return self.student.merge_and_unload() if self.cfg.lora else self.student
@@ -237,7 +253,7 @@ def train(run: RunLike, job: HealJob, *, log_every: int = 10, sleep: float = 0.0
         losses.append((step, float(mean if mean is not None else loss.item())))
         if run.is_main and (step % log_every == 0 or step == cfg.steps - 1):
             print(
-                f"heal step {step + 1}/{cfg.steps} kl {losses[-1][1]:.4f} "
+                f"heal step {step + 1}/{cfg.steps} loss {losses[-1][1]:.4f} "
                 f"({time.monotonic() - t0:.0f} s, resumed at {start})",
                 flush=True,
             )

@@ -66,6 +66,13 @@ def test_bad_compute_options(world, flags, needle):
     )
 
 
+@pytest.mark.parametrize("weight", ["1.5", "-0.1", "nan"])
+def test_heal_ce_weight_outside_0_1(world, weight):
+    p = _run("heal", str(world["dense"]), "-o", str(world["root"] / "h"), "--ce-weight", weight)
+    _one_line_exit_2(p, "--ce-weight must be in [0, 1]")
+    assert not (world["root"] / "h.run").exists()  # refused before any run directory or worker
+
+
 def test_unsupported_architecture_hf_and_gguf(world, tmp_path):
     gpt2 = tmp_path / "gpt2"
     gpt2.mkdir()
