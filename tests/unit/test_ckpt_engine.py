@@ -162,6 +162,22 @@ def test_nothing_to_load_returns_none(tmp_path: Path) -> None:
     assert eng.list() == []
 
 
+def test_a_template_function_is_called_only_when_there_is_something_to_load(tmp_path: Path) -> None:
+    eng, _ = engine(tmp_path, keep_last=5)
+    made: list[int] = []
+
+    def template() -> dict:
+        made.append(1)
+        return blank_state()
+
+    assert eng.load(template) is None and made == []  # nothing saved: no template made
+    save_steps(eng, [1, 2])
+    assert eng.load(template, max_step=0) is None and made == []  # none at or below max_step
+    r = eng.load(template, max_step=1)
+    assert r is not None and r.step == 1 and made == [1]
+    assert r.state_dict["step"] == 1  # loaded into the template it made
+
+
 def test_max_step(tmp_path: Path) -> None:
     eng, _ = engine(tmp_path, keep_last=5)
     save_steps(eng, [1, 2, 3])

@@ -504,7 +504,7 @@ class CheckpointEngine:
 
     def load(
         self,
-        state_dict: dict[str, Any],
+        state_dict: dict[str, Any] | Callable[[], dict[str, Any]],
         *,
         max_step: int | None = None,
         optional: Iterable[tuple[str, str]] = (),
@@ -517,13 +517,21 @@ class CheckpointEngine:
         ``optional``: ``(key, subkey)`` entries of ``state_dict`` that the checkpoint may lack (per-rank
         state of a rank the saving run did not have: resumed with more workers). Those it lacks are
         removed from ``state_dict`` and named in ``LoadResult.missing``; any other key the checkpoint
-        lacks is an error, as in DCP."""
+        lacks is an error, as in DCP.
+
+        ``state_dict`` may be a function that makes it: it is called only once there is a checkpoint
+        to load, so a fresh start never builds a template it does not use (for an optimizer, torch
+        makes one by running a whole fake step)."""
         self._join()
         t0 = time.perf_counter()
         ctx = self.restore_context()
         choice: tuple[int, str, str, dict[str, Any]] | None = None
         loaded = None
         if not self._distributed:
+            if callable(state_dict):
+                if not restore.has_candidates(ctx, max_step):
+                    return None
+                state_dict = state_dict()
             found = restore.choose(ctx, max_step, state_dict)
             if found is not None:
                 choice, loaded = found[:4], found[4]
@@ -539,6 +547,8 @@ class CheckpointEngine:
                 choice = restore.agree_on_choice(ctx, decide)
         if choice is None:
             return None
+        if callable(state_dict):  # every rank has the same choice, so all of them build it, or none
+            state_dict = state_dict()
         step, path, source, meta = choice
         threads = self.config.io_threads
         reader = FastReader(path, threads=threads) if loaded is None else MemReader(path, loaded, threads=2)

@@ -105,6 +105,20 @@ def newest_metadata(ctx: RestoreContext, max_step: int | None) -> Any | None:
     return None
 
 
+def has_candidates(ctx: RestoreContext, max_step: int | None) -> bool:
+    """Whether any tier holds a committed checkpoint at or below ``max_step`` (unverified: only
+    :func:`choose` says whether one restores). Local disk first; S3 is listed only without one."""
+
+    def fits(step: int) -> bool:
+        return max_step is None or step <= max_step
+
+    if any(fits(m.step) for _, m in list_committed(ctx.root)):
+        return True
+    if ctx.memory is not None and any(fits(m.step) for _, m in list_committed(ctx.memory)):
+        return True  # choose() only uses a memory copy that matches a disk commit; a cheap superset
+    return bool(ctx.config.upload_url) and any(fits(s) for s in remote.list_steps(ctx.config))
+
+
 def choose(
     ctx: RestoreContext, max_step: int | None, state_dict: dict[str, Any] | None
 ) -> tuple[int, str, str, dict[str, Any], Loaded | None] | None:

@@ -213,13 +213,19 @@ class Run:
         max_step = self.settings.rollback.max_step
         t0 = time.monotonic()
         # The load's template needs optimizer state: shaped from the checkpoint's metadata where it
-        # can be, else torch makes it with a fake step. Either way, an optimizer that had none gets
-        # none back when nothing is loaded: a fresh run starts as the same script would without us
-        # (a fake AdamW step leaves step=1 behind and changes every later update).
+        # can be, else torch makes it with a fake step. It is made only once there is a checkpoint
+        # to load (a fresh start makes none), and an optimizer that had no state gets none back
+        # when nothing is loaded: a fresh run starts as the same script would without us (a fake
+        # AdamW step leaves step=1 behind and changes every later update).
         stateless = [opt for opt in self._mapper.optimizers if not opt.state]
-        self._mapper.prime_optimizers(engine.newest_metadata(max_step))
-        template = self._mapper.collect()
-        template["_gpufleet"] = self._internal_state()
+        mapper = self._mapper
+
+        def template() -> dict[str, Any]:
+            mapper.prime_optimizers(engine.newest_metadata(max_step))
+            sd = mapper.collect()
+            sd["_gpufleet"] = self._internal_state()
+            return sd
+
         try:
             result = engine.load(template, max_step=max_step, optional=self._mapper.rank_entries())
         except BaseException:
