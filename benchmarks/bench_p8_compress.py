@@ -126,6 +126,7 @@ def phase_heal(
     lr: float,
     name: str = "best-healed",
     ce_weight: float = 0.0,
+    pool_per_file: int = 1024,
 ) -> None:
     dense = dense_dir(work)
     load0 = os.getloadavg()
@@ -153,6 +154,8 @@ def phase_heal(
             str(lr),
             "--ce-weight",
             str(ce_weight),
+            "--pool-per-file",
+            str(pool_per_file),
             "--checkpoint-every",
             "25",
         ],
@@ -170,6 +173,7 @@ def phase_heal(
                 "seq_len": seq_len,
                 "lr": lr,
                 "ce_weight": ce_weight,  # the kl_* figures below are the mixed loss when it is > 0
+                "pool_per_file": pool_per_file,
                 "wall_s": round(time.monotonic() - t0, 1),
                 "cpu_s": round((after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime), 1),
                 "train_s": res["train_s"],
@@ -426,6 +430,9 @@ def main() -> None:
     ap.add_argument(
         "--heal-ce-weight", type=float, default=0.0, help="heal phase: `compress heal --ce-weight`"
     )
+    ap.add_argument(
+        "--heal-pool-per-file", type=int, default=1024, help="heal phase: `compress heal --pool-per-file`"
+    )
     ap.add_argument("--heal-name", default="best-healed", help="heal phase: output model name under --work")
     ap.add_argument("--eval-tokens", type=int, default=8192)
     ap.add_argument("--speed-rounds", type=int, default=5)
@@ -446,7 +453,14 @@ def main() -> None:
         phase_prune(a.work, a.target, a.calib_tokens, a.variants.split(","))
     if a.phase in ("heal", "all"):
         phase_heal(
-            a.work, a.heal_steps, a.heal_batch, a.heal_seq_len, a.heal_lr, a.heal_name, a.heal_ce_weight
+            a.work,
+            a.heal_steps,
+            a.heal_batch,
+            a.heal_seq_len,
+            a.heal_lr,
+            a.heal_name,
+            a.heal_ce_weight,
+            a.heal_pool_per_file,
         )
     if a.phase in ("eval", "all"):
         phase_eval(a.work, a.eval_tokens, a.eval_models.split(","))

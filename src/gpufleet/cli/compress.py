@@ -216,6 +216,13 @@ def heal_cmd(
     lora: Annotated[int, typer.Option(help="LoRA rank (0: full fine-tuning).")] = 0,
     fp32: Annotated[bool, typer.Option("--fp32", help="No bf16 autocast.")] = False,
     seed: Annotated[int, typer.Option(help="Data order seed.")] = 0,
+    pool_per_file: Annotated[
+        int,
+        typer.Option(
+            help="Tokens of each train file per pass in the healing pool, files in a mixed order "
+            "(0: files in sorted order, whole)."
+        ),
+    ] = 1024,
     run_dir: Annotated[Path | None, typer.Option(help="gpufleet run directory (default: OUT.run).")] = None,
     checkpoint_every: Annotated[str, typer.Option(help="Checkpoint interval (steps or auto).")] = "10",
     worker_sleep: Annotated[
@@ -240,6 +247,7 @@ def heal_cmd(
         lora=lora,
         bf16=not fp32,
         seed=seed,
+        pool_per_file=pool_per_file,
     )
     check(cfg)  # bad student, teacher, tokenizers or corpus: one line, exit 2, before any worker
     rd = run_dir or out.with_name(out.name + ".run")

@@ -196,8 +196,14 @@ class HealConfig:
     """Autocast forward/backward to bfloat16 on CPU (1.6-2.8x faster here)."""
     seed: int = 0
     """Data order and init seed."""
+    pool_per_file: int = 1024
+    """Tokens of each train file per pass when building the healing pool, the files in a mixed
+    order, so the pool spans the domain rather than its first few files (0: the files in sorted
+    order, whole, as before v5)."""
 
     def __post_init__(self) -> None:
+        if self.pool_per_file < 0:
+            raise UsageError(f"--pool-per-file must be >= 0, got {self.pool_per_file}")
         for name in ("steps", "batch", "seq_len"):
             _positive(f"--{name.replace('_', '-')}", getattr(self, name))
         if self.lr <= 0 or self.temperature <= 0 or self.lora < 0:

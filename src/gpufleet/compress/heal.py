@@ -107,7 +107,8 @@ class HealJob:
         model.train()
         self.student = model
         need = pool_tokens(cfg)
-        self.pool = corpus.chunks(corpus.tokens(self.tokenizer, cfg.domain, "train", need), cfg.seq_len)
+        pool = corpus.tokens(self.tokenizer, cfg.domain, "train", need, per_file=cfg.pool_per_file)
+        self.pool = corpus.chunks(pool, cfg.seq_len)
         params = [p for p in model.parameters() if p.requires_grad]
         # fused: one kernel per step over all parameters (foreach makes several passes over the
         # ~100M weights and their Adam moments; measured in P8 v3, docs/benchmarks.md)

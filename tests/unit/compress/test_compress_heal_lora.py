@@ -42,7 +42,7 @@ def test_lora_heal_standalone(tmp_path):
     trainable = sum(p.numel() for p in job.student.parameters() if p.requires_grad)
     total = sum(p.numel() for p in job.student.parameters())
     assert 0 < trainable < total / 5  # adapters only
-    probe = job.batch(999)
+    probe = job.pool  # the mean over the whole pool: one batch's loss varies more than 12 steps move it
     with torch.no_grad():
         before = float(job.loss(probe))
     run = gpufleet.init(run_dir=str(tmp_path / "run"), checkpoint_every="100")
