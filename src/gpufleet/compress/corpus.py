@@ -135,9 +135,8 @@ def tokens(tokenizer: Any, spec: str, split: Split, n_tokens: int, *, per_file: 
 
 def _spread(tokenizer: Any, spec: str, split: Split, n_tokens: int, per_file: int) -> list[int]:
     eos = tokenizer.eos_token_id
-    names = [rel for rel, _ in files(spec) if split == "all" or _split_of(rel) == split]
-    paths = dict(files(spec))
-    order = sorted(names, key=lambda rel: hashlib.sha1(rel.encode()).hexdigest())
+    paths = {rel: p for rel, p in files(spec) if split == "all" or _split_of(rel) == split}
+    order = sorted(paths, key=lambda rel: hashlib.sha1(rel.encode()).hexdigest())
     ids: dict[str, list[int]] = {}  # tokenized on first visit: a small pool reads few files
     offset = dict.fromkeys(order, 0)
     out: list[int] = []
