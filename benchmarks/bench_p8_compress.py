@@ -91,12 +91,13 @@ def dense_dir(work: Path) -> Path:
     return d
 
 
-def phase_prune(work: Path, target: float, tokens: int, variants: list[str]) -> None:
+def phase_prune(work: Path, target: float, tokens: int, variants: list[str], best_as: str = "best") -> None:
     dense = dense_dir(work)
     cur = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
     recs = dict(cur.get("prune", {}))  # variants not rerun keep their records
-    for name in variants:
-        flags = VARIANTS[name]
+    for variant in variants:
+        flags = VARIANTS[variant]
+        name = best_as if variant == "best" else variant
         load0 = os.getloadavg()[0]
         rec = _cli(
             "prune",
@@ -127,6 +128,7 @@ def phase_heal(
     name: str = "best-healed",
     ce_weight: float = 0.0,
     pool_per_file: int = 1024,
+    student: str = "best",
 ) -> None:
     dense = dense_dir(work)
     load0 = os.getloadavg()
@@ -139,7 +141,7 @@ def phase_heal(
             "gpufleet.cli.main",
             "compress",
             "heal",
-            str(work / "best"),
+            str(work / student),
             "--teacher",
             str(dense),
             "-o",
@@ -168,6 +170,7 @@ def phase_heal(
     _merge(
         {
             ("heal" if name == "best-healed" else f"heal:{name}"): {
+                "student": student,
                 "steps": steps,
                 "batch": batch,
                 "seq_len": seq_len,
@@ -433,6 +436,8 @@ def main() -> None:
     ap.add_argument(
         "--heal-pool-per-file", type=int, default=1024, help="heal phase: `compress heal --pool-per-file`"
     )
+    ap.add_argument("--best-as", default="best", help="prune phase: the best model's name under --work")
+    ap.add_argument("--heal-from", default="best", help="heal phase: the pruned model's name under --work")
     ap.add_argument("--heal-name", default="best-healed", help="heal phase: output model name under --work")
     ap.add_argument("--eval-tokens", type=int, default=8192)
     ap.add_argument("--speed-rounds", type=int, default=5)
@@ -450,7 +455,7 @@ def main() -> None:
         return
     VARIANTS["best"] = shlex.split(a.best_flags)
     if a.phase in ("prune", "all"):
-        phase_prune(a.work, a.target, a.calib_tokens, a.variants.split(","))
+        phase_prune(a.work, a.target, a.calib_tokens, a.variants.split(","), a.best_as)
     if a.phase in ("heal", "all"):
         phase_heal(
             a.work,
@@ -461,6 +466,7 @@ def main() -> None:
             a.heal_name,
             a.heal_ce_weight,
             a.heal_pool_per_file,
+            a.heal_from,
         )
     if a.phase in ("eval", "all"):
         phase_eval(a.work, a.eval_tokens, a.eval_models.split(","))

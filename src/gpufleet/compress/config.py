@@ -65,13 +65,20 @@ class AnalyzeConfig:
     """Calibration tokens per corpus."""
     seq_len: int = 256
     """Tokens per calibration sequence."""
+    calib_per_file: int = 256
+    """Tokens of each file per pass, the files in a mixed order (as ``prune``'s, so the domain
+    analysis measures the text ``prune`` calibrates on); 0: the files in sorted order, whole."""
 
-    bf16: bool = True
-    """Forward passes under bfloat16 autocast (1.6-2.8x faster on CPU); False: float32."""
+    bf16: bool | None = None
+    """bfloat16 autocast for forward (and backward) passes: True, False (float32), or None: bf16
+    where the CPU computes it natively (oneDNN's bf16 kernels: AVX-512 / AMX; 1.6-2.8x faster than
+    fp32 there), fp32 elsewhere (on an AVX2-only host emulated bf16 is ~9x slower than fp32)."""
 
     def __post_init__(self) -> None:
         _positive("--tokens", self.tokens)
         _positive("--seq-len", self.seq_len)
+        if self.calib_per_file < 0:
+            raise UsageError(f"--calib-per-file must be >= 0, got {self.calib_per_file}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -120,13 +127,22 @@ class PruneConfig:
     """Domain calibration tokens of the refit (about 16 per unknown of a 1,024-channel ``down_proj`` row)."""
     reconstruct_ridge: float = 1e-4
     """Ridge term of the refit, relative to the mean diagonal of the kept inputs' Gram matrix."""
+    calib_per_file: int = 256
+    """Tokens of each train file per pass for the calibration text, the vocabulary scan and the
+    refit, the files in a mixed order (as ``heal``'s ``pool_per_file``), so that each spans the
+    domain; the calibration text is then a prefix of the scanned text, so every calibration token
+    is kept. 0: the files in sorted order, whole (before P8 v6: 16 k tokens are a dozen modules)."""
 
-    bf16: bool = True
-    """Forward passes under bfloat16 autocast (1.6-2.8x faster on CPU); False: float32."""
+    bf16: bool | None = None
+    """bfloat16 autocast for forward (and backward) passes: True, False (float32), or None: bf16
+    where the CPU computes it natively (oneDNN's bf16 kernels: AVX-512 / AMX; 1.6-2.8x faster than
+    fp32 there), fp32 elsewhere (on an AVX2-only host emulated bf16 is ~9x slower than fp32)."""
 
     def __post_init__(self) -> None:
         _target(self.target)
         _positive("--reconstruct-tokens", self.reconstruct_tokens)
+        if self.calib_per_file < 0:
+            raise UsageError(f"--calib-per-file must be >= 0, got {self.calib_per_file}")
         if not 0.0 <= self.reconstruct_ridge < 1e3:  # also rejects NaN
             raise UsageError(f"--reconstruct-ridge must be in [0, 1000), got {self.reconstruct_ridge}")
         _positive("--tokens", self.tokens)
@@ -156,8 +172,10 @@ class EvalConfig:
     speed: bool = False
     """Also measure llama.cpp prefill/decode tokens/s (Q8_0 GGUF, exported on the fly)."""
 
-    bf16: bool = True
-    """Forward passes under bfloat16 autocast (1.6-2.8x faster on CPU); False: float32."""
+    bf16: bool | None = None
+    """bfloat16 autocast for forward (and backward) passes: True, False (float32), or None: bf16
+    where the CPU computes it natively (oneDNN's bf16 kernels: AVX-512 / AMX; 1.6-2.8x faster than
+    fp32 there), fp32 elsewhere (on an AVX2-only host emulated bf16 is ~9x slower than fp32)."""
 
     def __post_init__(self) -> None:
         _positive("--tokens", self.tokens)
@@ -192,8 +210,10 @@ class HealConfig:
     dense teacher was never specialised to."""
     lora: int = 0
     """LoRA rank (0: full fine-tuning)."""
-    bf16: bool = True
-    """Autocast forward/backward to bfloat16 on CPU (1.6-2.8x faster here)."""
+    bf16: bool | None = None
+    """bfloat16 autocast for forward (and backward) passes: True, False (float32), or None: bf16
+    where the CPU computes it natively (oneDNN's bf16 kernels: AVX-512 / AMX; 1.6-2.8x faster than
+    fp32 there), fp32 elsewhere (on an AVX2-only host emulated bf16 is ~9x slower than fp32)."""
     seed: int = 0
     """Data order and init seed."""
     pool_per_file: int = 1024

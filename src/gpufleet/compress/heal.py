@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from gpufleet.compress import corpus
 from gpufleet.compress.config import HealConfig
-from gpufleet.compress.model import load
+from gpufleet.compress.model import load, use_bf16
 from gpufleet.core.errors import UsageError
 
 __all__ = [
@@ -80,6 +80,7 @@ class HealJob:
         import torch
 
         self.cfg = cfg
+        self.bf16 = use_bf16(cfg.bf16)
         torch.manual_seed(cfg.seed)
         student = load(cfg.student)
         teacher_src = cfg.teacher or student.provenance.get("source")
@@ -138,7 +139,7 @@ class HealJob:
         import torch.nn.functional as F
 
         T, w = self.cfg.temperature, self.cfg.ce_weight
-        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if self.cfg.bf16 else _Null()
+        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if self.bf16 else _Null()
         with ctx:
             t_logits = None if w == 1.0 else self._teacher_logits(ids)  # CE alone needs no teacher
             s_logits = self.student(input_ids=ids, use_cache=False).logits
@@ -265,6 +266,7 @@ def train(run: RunLike, job: HealJob, *, log_every: int = 10, sleep: float = 0.0
         "steps": cfg.steps,
         "resumed_at": start,
         "train_s": round(time.monotonic() - t0, 1),
+        "precision": "bf16" if job.bf16 else "fp32",
         "losses": losses,
     }
     if run.is_main:
@@ -272,6 +274,7 @@ def train(run: RunLike, job: HealJob, *, log_every: int = 10, sleep: float = 0.0
         result["sha256"] = weights_sha256(model)
         prov = dict(job.provenance)
         prov["heal"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
+        prov["heal"]["bf16"] = job.bf16  # what ran, not the setting (None: chosen by the CPU)
         save_hf(model, job.tokenizer, cfg.out, prov)
         if job.vocab_ids is not None:
             (cfg.out / "vocab_ids.json").write_text(json.dumps(job.vocab_ids))

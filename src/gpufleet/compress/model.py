@@ -7,6 +7,7 @@ refuses it; :func:`load` rebuilds a clean ``LlamaForCausalLM`` from the config (
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ __all__ = [
     "SUPPORTED_ARCHS",
     "param_count",
     "PROVENANCE",
+    "native_bf16",
+    "use_bf16",
 ]
 
 SUPPORTED_ARCHS = ("llama",)
@@ -41,6 +44,24 @@ class Loaded:
     """Where it came from (GGUF file or directory)."""
     provenance: dict[str, Any] = field(default_factory=dict)
     """``compress.json`` of a pruned model (empty for a dense one)."""
+
+
+@functools.cache
+def native_bf16() -> bool:
+    """Whether this CPU runs bfloat16 matrix products natively (oneDNN's bf16 kernels: AVX-512 or
+    AMX). Where it does not (an AVX2-only host), torch emulates them: measured here, a 1024 x 576 x
+    1536 product took 328 ms in bf16 against 36 ms in fp32."""
+    import torch
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a torch built without oneDNN
+        return False
+
+
+def use_bf16(flag: bool | None) -> bool:
+    """The precision a ``bf16`` setting asks for: as given, or (None) bf16 where it is native."""
+    return native_bf16() if flag is None else flag
 
 
 def default_model_path() -> Path:

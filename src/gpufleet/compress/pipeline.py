@@ -18,7 +18,7 @@ from gpufleet.compress import export as ex
 from gpufleet.compress import prune as pr
 from gpufleet.compress import reconstruct as rc
 from gpufleet.compress.config import AnalyzeConfig, EvalConfig, Method, PruneConfig
-from gpufleet.compress.model import Loaded, load, param_count
+from gpufleet.compress.model import Loaded, load, param_count, use_bf16
 from gpufleet.core.errors import UsageError
 
 __all__ = ["analyze", "prune", "evaluate", "export", "estimate_params", "layer_flops", "Progress"]
@@ -30,20 +30,30 @@ def _quiet(msg: str) -> None:
     return None
 
 
-def calib(loaded: Loaded, spec: str, n: int, seq_len: int, split: corpus.Split = "train") -> Any:
-    return corpus.chunks(corpus.tokens(loaded.tokenizer, spec, split, n), seq_len)
+def calib(
+    loaded: Loaded, spec: str, n: int, seq_len: int, split: corpus.Split = "train", *, per_file: int = 0
+) -> Any:
+    return corpus.chunks(corpus.tokens(loaded.tokenizer, spec, split, n, per_file=per_file), seq_len)
 
 
 def analyze(cfg: AnalyzeConfig, *, out: Path | None = None, progress: Progress = _quiet) -> dict[str, Any]:
     """Importance on the domain and the general corpus, side by side (and a plot under ``out``)."""
     progress("loading the model")
     loaded = load(cfg.model)
-    res: dict[str, Any] = {"model": loaded.source, "params": param_count(loaded.model)}
+    bf16 = use_bf16(cfg.bf16)
+    res: dict[str, Any] = {
+        "model": loaded.source,
+        "params": param_count(loaded.model),
+        "precision": "bf16" if bf16 else "fp32",
+    }
     imps = {}
     for role, spec in (("domain", cfg.domain), ("general", cfg.general)):
         progress(f"measuring importance on {role} text ({spec})")
         imps[role] = importance.measure(
-            loaded.model, calib(loaded, spec, cfg.tokens, cfg.seq_len), corpus=spec, bf16=cfg.bf16
+            loaded.model,
+            calib(loaded, spec, cfg.tokens, cfg.seq_len, per_file=cfg.calib_per_file),
+            corpus=spec,
+            bf16=bf16,
         )
         res[role] = imps[role].summary()
     d, g = imps["domain"].layers, imps["general"].layers
@@ -119,10 +129,10 @@ def _layers_to_drop(cfg: Any, budget: int, cap: float, context: int) -> int:
     return k
 
 
-def _domain_loss(model: Any, ids: Any) -> float:
+def _domain_loss(model: Any, ids: Any, bf16: bool) -> float:
     import torch
 
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         out = model(input_ids=ids, labels=ids, use_cache=False)
     return float(out.loss)
 
@@ -134,6 +144,7 @@ def prune(cfg: PruneConfig, *, progress: Progress = _quiet) -> dict[str, Any]:
     t0 = time.monotonic()
     progress("loading the model")
     loaded = load(cfg.model)
+    bf16 = use_bf16(cfg.bf16)
     model, tok = loaded.model, loaded.tokenizer
     dense_params = param_count(model)
     budget = int(cfg.target * dense_params)
@@ -142,8 +153,8 @@ def prune(cfg: PruneConfig, *, progress: Progress = _quiet) -> dict[str, Any]:
     refits = cfg.reconstruct and structured
     dense = copy.deepcopy(model) if refits else None  # the refit's reference
     progress(f"measuring domain importance ({cfg.tokens} tokens of {cfg.domain})")
-    ids = calib(loaded, cfg.domain, cfg.tokens, cfg.seq_len)
-    imp = importance.measure(model, ids, corpus=cfg.domain, wanda=need_wanda, bf16=cfg.bf16)
+    ids = calib(loaded, cfg.domain, cfg.tokens, cfg.seq_len, per_file=cfg.calib_per_file)
+    imp = importance.measure(model, ids, corpus=cfg.domain, wanda=need_wanda, bf16=bf16)
     record: dict[str, Any] = {
         "source": loaded.source if not loaded.provenance else loaded.provenance.get("source", loaded.source),
         "method": str(cfg.method),
@@ -151,11 +162,15 @@ def prune(cfg: PruneConfig, *, progress: Progress = _quiet) -> dict[str, Any]:
         "domain": cfg.domain,
         "dense_params": dense_params,
         "calibration_tokens": imp.tokens,
+        "calib_per_file": cfg.calib_per_file,
+        "precision": "bf16" if bf16 else "fp32",
     }
     kept_ids: list[int] | None = None
     if cfg.vocab:
         progress(f"scanning {cfg.vocab_tokens} domain tokens for the vocabulary")
-        used = sorted(set(corpus.tokens(tok, cfg.domain, "train", cfg.vocab_tokens)))
+        # the same file order as the calibration text, so that text is a prefix of this one
+        scanned = corpus.tokens(tok, cfg.domain, "train", cfg.vocab_tokens, per_file=cfg.calib_per_file)
+        used = sorted(set(scanned))
         tok, kept_ids = pr.trim_vocab(model, tok, used)
         remap = torch.full((len(loaded.tokenizer) + 1,), -1, dtype=torch.long)
         remap[torch.tensor(kept_ids)] = torch.arange(len(kept_ids))
@@ -216,7 +231,9 @@ def prune(cfg: PruneConfig, *, progress: Progress = _quiet) -> dict[str, Any]:
             f"least-squares reconstruction ({cfg.reconstruct_mode}, {cfg.reconstruct_tokens} tokens "
             f"of {cfg.domain})"
         )
-        rec_ids = calib(loaded, cfg.domain, cfg.reconstruct_tokens, cfg.seq_len)  # dense vocabulary
+        rec_ids = calib(  # dense vocabulary
+            loaded, cfg.domain, cfg.reconstruct_tokens, cfg.seq_len, per_file=cfg.calib_per_file
+        )
         stats = rc.reconstruct(
             model,
             dense,
@@ -224,7 +241,7 @@ def prune(cfg: PruneConfig, *, progress: Progress = _quiet) -> dict[str, Any]:
             kept,
             mode=str(cfg.reconstruct_mode),  # type: ignore[arg-type]
             ridge=cfg.reconstruct_ridge,
-            bf16=cfg.bf16,
+            bf16=bf16,
         )
         stats["reconstruct_s"] = round(time.monotonic() - t1, 1)
         record["reconstruct"] = stats
@@ -309,7 +326,7 @@ def _search(
             )
             if width < cand.config.intermediate_size:
                 kept.channels = pr.shrink_mlp(cand, chan[keep_rows], width)
-            loss = _domain_loss(cand, score_ids)
+            loss = _domain_loss(cand, score_ids, use_bf16(cfg.bf16))
             choice = {
                 "dropped_layers": drop,
                 "mlp_width": width,
@@ -343,6 +360,7 @@ def evaluate(cfg: EvalConfig, *, out: Path | None = None, progress: Progress = _
 
     progress("loading the dense model")
     dense = load(cfg.dense)
+    bf16 = use_bf16(cfg.bf16)
     texts = {}
     ref = {}
     for role, spec in (("domain", cfg.domain), ("general", cfg.general)):
@@ -364,9 +382,7 @@ def evaluate(cfg: EvalConfig, *, out: Path | None = None, progress: Progress = _
         for role in ("domain", "general"):
             progress(f"{name}: {role} perplexity")
             r[f"{role}_ppl"] = round(
-                ev.perplexity(
-                    loaded.model, loaded.tokenizer, texts[role], ref_tokens=ref[role], bf16=cfg.bf16
-                ),
+                ev.perplexity(loaded.model, loaded.tokenizer, texts[role], ref_tokens=ref[role], bf16=bf16),
                 4,
             )
         if path is not None:
@@ -397,7 +413,7 @@ def evaluate(cfg: EvalConfig, *, out: Path | None = None, progress: Progress = _
             r["prefill_speedup"] = round(r["prefill_tok_s"] / base["prefill_tok_s"], 3)
         rows.append(r)
         del loaded
-    res = {"dense": dense.source, "tokens": cfg.tokens, "rows": rows}
+    res = {"dense": dense.source, "tokens": cfg.tokens, "precision": "bf16" if bf16 else "fp32", "rows": rows}
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "eval.json").write_text(json.dumps(res, indent=1) + "\n")

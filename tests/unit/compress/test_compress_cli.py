@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.compress.export import save_hf
+from gpufleet.compress.model import native_bf16
 from unit.compress.tinyllama import make_tiny, make_tokenizer, tiny_texts
 
 GPUFLEET = [sys.executable, "-m", "gpufleet.cli.main", "compress"]
@@ -58,6 +59,7 @@ def test_target_outside_0_1(world, target):
         (["--reconstruct-ridge", "-1"], "--reconstruct-ridge must be in [0, 1000)"),
         (["--reconstruct-ridge", "nan"], "--reconstruct-ridge must be in [0, 1000)"),
         (["--reconstruct-tokens", "0"], "--reconstruct-tokens must be positive"),
+        (["--calib-per-file", "-1"], "--calib-per-file must be >= 0"),
     ],
 )
 def test_bad_compute_options(world, flags, needle):
@@ -140,6 +142,11 @@ def test_prune_eval_export_through_the_cli(world):
         "0.2",
         "--reconstruct-tokens",  # the default 16,384 would add ~15 s on a loaded host
         "2048",
+        # this corpus is two texts repeated: spread 256-token slices of it are the same two openings
+        # over and over, on which the random tiny model's search picks a depth-only cut (no refit)
+        "--calib-per-file",
+        "0",
+        "--bf16",
         "--json",
     )
     assert p.returncode == 0, p.stderr[-3000:]
@@ -149,6 +156,7 @@ def test_prune_eval_export_through_the_cli(world):
     rc = rec["reconstruct"]  # on by default: the refit lowered the projections' output error
     assert rc["mode"] == "sequential" and rc["tokens"] == 2048
     assert rc["down_proj_rel_err_mean"]["after"] < rc["down_proj_rel_err_mean"]["before"]
+    assert rec["precision"] == "bf16"  # asked for; the default follows the CPU (eval below)
     p = _run(
         "eval",
         str(root / "p"),
@@ -165,7 +173,9 @@ def test_prune_eval_export_through_the_cli(world):
         "--json",
     )
     assert p.returncode == 0, p.stderr[-3000:]
-    rows = json.loads(p.stdout)["rows"]
+    ev = json.loads(p.stdout)
+    assert ev["precision"] == ("bf16" if native_bf16() else "fp32")
+    rows = ev["rows"]
     assert rows[1]["params_ratio"] == pytest.approx(rec["ratio"], abs=1e-3)
     assert rows[0]["domain_ppl"] > 1 and rows[1]["domain_ppl"] > 1
     assert (root / "ev" / "eval.png").stat().st_size > 0

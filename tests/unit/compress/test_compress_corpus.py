@@ -71,3 +71,13 @@ def test_a_spread_pool_stops_at_the_end_of_the_corpus(setup):
     ids = corpus.tokens(tok, spec, "all", 10**6, per_file=100)
     assert len(ids) == sum(len(v) for v in whole.values()) + sum((len(v) + 99) // 100 for v in whole.values())
     assert sorted(t for t in ids if t != tok.eos_token_id) == sorted(t for v in whole.values() for t in v)
+
+
+def test_a_shorter_spread_text_is_a_prefix_of_a_longer_one(setup):
+    """What ``compress prune`` relies on to trim the vocabulary: its calibration text (N tokens)
+    is a prefix of the scanned text (M >= N tokens, same ``per_file``), so every calibration token
+    is kept."""
+    spec, tok, _ = setup
+    longer = corpus.tokens(tok, spec, "all", 3000, per_file=64)
+    for n in (1, 65, 700, 2999):
+        assert corpus.tokens(tok, spec, "all", n, per_file=64) == longer[:n]
