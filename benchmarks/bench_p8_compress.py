@@ -52,7 +52,12 @@ VARIANTS = {  # name -> prune CLI flags
     "shortgpt": ["--method", "depth"],
     "wanda": ["--method", "wanda"],
     "random": ["--method", "random-depth", "--seed", "0"],
-    "best": ["--method", "auto", "--vocab", "--min-layer-flops-cut", "0.22", "--vocab-tokens", "1000000"],
+    # --calib-per-file 0: calibration and vocabulary from the train files in sorted order, as measured
+    # for v4/v5; the spread default (256) gives a better unhealed model but no better healed domain
+    # and a lower selectivity (P8 v6, docs/benchmarks.md)
+    "best": (
+        "--method auto --vocab --min-layer-flops-cut 0.22 --vocab-tokens 1000000 --calib-per-file 0"
+    ).split(),
 }
 
 
@@ -77,6 +82,16 @@ def _cli(*args: str) -> dict[str, Any]:
     out = json.loads(p.stdout)
     out["_wall_s"] = round(time.monotonic() - t0, 1)
     return out
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def dense_dir(work: Path) -> Path:
@@ -200,14 +215,17 @@ def phase_eval(work: Path, tokens: int, names: list[str]) -> None:
     models = [str(work / n) for n in names if (work / n).is_dir()]
     load0 = os.getloadavg()
     res = _cli("eval", *models, "--dense", str(dense), "--tokens", str(tokens), "-o", str(work / "eval"))
-    cur = json.loads(RESULTS.read_text()).get("eval", {}) if RESULTS.is_file() else {}
+    # rows are comparable only at one precision (bf16 where the CPU has it natively, else fp32)
+    key = "eval" if res["precision"] == "bf16" else f"eval:{res['precision']}"
+    cur = json.loads(RESULTS.read_text()).get(key, {}) if RESULTS.is_file() else {}
     if cur.get("tokens") == tokens:
         new = {r["model"] for r in res["rows"]}
         res["rows"] = [r for r in cur.get("rows", []) if r["model"] not in new] + res["rows"]
         order = ["dense", "shortgpt", "wanda", "random", "best", "best-healed"]
         res["rows"].sort(key=lambda r: order.index(r["model"]) if r["model"] in order else len(order))
     res["loadavg_start"] = load0
-    _merge({"eval": res})
+    res["cpu"] = _cpu_model()
+    _merge({key: res})
 
 
 def phase_speed(work: Path, rounds: int, repeats: int = 1, threads: int = 2, reuse: bool = False) -> None:
