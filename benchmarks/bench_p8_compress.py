@@ -228,13 +228,21 @@ def phase_eval(work: Path, tokens: int, names: list[str]) -> None:
     _merge({key: res})
 
 
-def phase_speed(work: Path, rounds: int, repeats: int = 1, threads: int = 2, reuse: bool = False) -> None:
-    """Dense and best-healed Q8_0 in alternation, ``rounds`` rounds of ``repeats`` (median inside a
-    round); ``reuse`` keeps GGUFs already exported. Earlier runs stay in ``speed_runs``."""
+def phase_speed(
+    work: Path,
+    rounds: int,
+    repeats: int = 1,
+    threads: int = 2,
+    reuse: bool = False,
+    model: str = "best-healed",
+) -> None:
+    """Dense and ``model`` Q8_0 in alternation, ``rounds`` rounds of ``repeats`` (median inside a
+    round); ``reuse`` keeps GGUFs already exported. Earlier runs stay in ``speed_runs`` (a model other
+    than best-healed: under ``speed:MODEL``)."""
     from gpufleet.compress.evaluate import llama_cpp_speed
 
     out = {}
-    for name in ("dense", "best-healed"):
+    for name in ("dense", model):
         src = work / name
         if not src.is_dir():
             continue
@@ -264,21 +272,21 @@ def phase_speed(work: Path, rounds: int, repeats: int = 1, threads: int = 2, reu
         "gguf_bytes": {n: p.stat().st_size for n, p in paths.items()},
         "logit_check": {n: o["max_logit_diff"] for n, o in out.items()},
     }
-    if "dense" in med and "best-healed" in med:
-        speed["prefill_speedup"] = round(
-            med["best-healed"]["prefill_tok_s"] / med["dense"]["prefill_tok_s"], 3
-        )
-        speed["decode_speedup"] = round(med["best-healed"]["decode_tok_s"] / med["dense"]["decode_tok_s"], 3)
+    speed["cpu"] = _cpu_model()
+    if "dense" in med and model in med:
+        speed["prefill_speedup"] = round(med[model]["prefill_tok_s"] / med["dense"]["prefill_tok_s"], 3)
+        speed["decode_speedup"] = round(med[model]["decode_tok_s"] / med["dense"]["decode_tok_s"], 3)
         # per round (both measured back to back), the ratio; its median is robust to a neighbour's burst
         for k in ("prefill", "decode"):
             ratios = [
                 b / d
-                for d, b in zip(
-                    samples["dense"][f"{k}_tok_s"], samples["best-healed"][f"{k}_tok_s"], strict=True
-                )
+                for d, b in zip(samples["dense"][f"{k}_tok_s"], samples[model][f"{k}_tok_s"], strict=True)
             ]
             speed[f"{k}_speedup_paired_median"] = round(statistics.median(ratios), 3)
     cur = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    if model != "best-healed":
+        _merge({f"speed:{model}": [*cur.get(f"speed:{model}", []), speed]})
+        return
     runs = cur.get("speed_runs", [])
     _merge({"speed": speed, "speed_runs": [*runs, speed]})
 
@@ -462,6 +470,7 @@ def main() -> None:
     ap.add_argument("--speed-repeats", type=int, default=1, help="measurements per model per round (median)")
     ap.add_argument("--speed-threads", type=int, default=2)
     ap.add_argument("--speed-reuse", action="store_true", help="reuse Q8_0 exports newer than the model")
+    ap.add_argument("--speed-model", default="best-healed", help="speed phase: the model timed against dense")
     ap.add_argument("--slo", default="ttft=2s,tpot=100ms")
     ap.add_argument("--workload", default="in=fixed:128;out=fixed:32")
     ap.add_argument("--serve-duration", type=int, default=20)
@@ -489,7 +498,7 @@ def main() -> None:
     if a.phase in ("eval", "all"):
         phase_eval(a.work, a.eval_tokens, a.eval_models.split(","))
     if a.phase in ("speed", "all"):
-        phase_speed(a.work, a.speed_rounds, a.speed_repeats, a.speed_threads, a.speed_reuse)
+        phase_speed(a.work, a.speed_rounds, a.speed_repeats, a.speed_threads, a.speed_reuse, a.speed_model)
     if a.phase in ("serve", "all"):
         phase_serve(a.work, a.slo, a.workload, a.serve_duration, a.serve_max_rate)
     print(json.dumps(json.loads(RESULTS.read_text()), indent=1)[:4000])
