@@ -263,6 +263,9 @@ PRIVATE_ALLOWED = {
     # torch's DataLoader keeps its persistent-workers iterator in _iterator; dropping it is the only
     # way to make it re-read the sampler (train/data.py explains)
     ("gpufleet/train/data.py", "self.loader._iterator"),
+    # torch has no public query for oneDNN's bf16 support (AVX-512 / AMX; on AVX2 bf16 is emulated,
+    # ~9x slower than fp32); compress picks its default precision by it (compress/model.py)
+    ("gpufleet/compress/model.py", "torch.ops.mkldnn._is_mkldnn_bf16_supported"),
 }
 
 
