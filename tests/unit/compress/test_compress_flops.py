@@ -129,3 +129,21 @@ def test_heal_pool_grows_with_long_runs():
     long = HealConfig(student=Path("s"), out=Path("o"), steps=300, batch=4, seq_len=256)
     assert heal.pool_tokens(short) == 2 * 20 * 2 * 128  # short runs: as before (twice their tokens)
     assert heal.pool_tokens(long) == 300 * 4 * 256  # long runs: a fresh batch's worth per step
+
+
+def test_heal_batches_read_every_pool_row_once_per_pass():
+    chunks, batch = 10, 4  # passes do not split evenly: a batch may straddle two passes
+    steps = 15  # six passes' worth of rows
+    drawn = [heal.batch_rows(3, s, chunks, batch) for s in range(steps)]
+    flat = [r for rows in drawn for r in rows]
+    passes = [flat[i : i + chunks] for i in range(0, len(flat), chunks)]
+    for p in passes:
+        assert sorted(p) == list(range(chunks))  # each row once per pass, none left unread
+    assert len({tuple(p) for p in passes}) > 1  # each pass its own order
+    # a pure function of (seed, step): a resumed run or a replay draws the same batch
+    assert [heal.batch_rows(3, s, chunks, batch) for s in (7, 2, 14)] == [drawn[7], drawn[2], drawn[14]]
+    assert (
+        heal.batch_rows(4, 0, chunks, batch) != drawn[0] or heal.batch_rows(4, 1, chunks, batch) != drawn[1]
+    )
+    with pytest.raises(ValueError, match="cannot give batches"):
+        heal.batch_rows(0, 0, 0, 4)
