@@ -291,15 +291,18 @@ def phase_speed(
     _merge({"speed": speed, "speed_runs": [*runs, speed]})
 
 
-def phase_serve(work: Path, slo: str, workload: str, duration: int, max_rate: float) -> None:
-    """`gpufleet serve bench --find-max-rate` against llama.cpp's server, dense then compressed (Q8_0,
-    one server thread, same workload and SLO); the gain scales the planner profile."""
+def phase_serve(
+    work: Path, slo: str, workload: str, duration: int, max_rate: float, model: str = "best-healed"
+) -> None:
+    """`gpufleet serve bench --find-max-rate` against llama.cpp's server, dense then ``model`` (Q8_0,
+    one server thread, same workload and SLO); the gain scales the planner profile. A model other
+    than best-healed is recorded under ``serve:MODEL``, with its own ``speed:MODEL`` run."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from gpufleet.compress.serving import scaled_profile
     from support.llama import LlamaServer
 
     caps = {}
-    for name in ("dense", "best-healed"):
+    for name in ("dense", model):
         gguf = work / f"export-{name}" / "model-q8_0.gguf"
         if not gguf.is_file():
             raise SystemExit(f"{gguf} missing: run --phase speed first")
@@ -352,9 +355,9 @@ def phase_serve(work: Path, slo: str, workload: str, duration: int, max_rate: fl
             print(f"serve {name}: max rate {cap.get('max_rate')} req/s ({cap.get('limited_by')})", flush=True)
     serve: dict[str, Any] = {"workload": workload, "slo": slo, "duration_s": duration, "capacity": caps}
     if caps["dense"]["max_rate"]:
-        serve["max_rate_gain"] = round(caps["best-healed"]["max_rate"] / caps["dense"]["max_rate"], 3)
+        serve["max_rate_gain"] = round(caps[model]["max_rate"] / caps["dense"]["max_rate"], 3)
     cur = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
-    sp = cur.get("speed", {})
+    sp = cur.get("speed", {}) if model == "best-healed" else (cur.get(f"speed:{model}") or [{}])[-1]
     if "prefill_speedup" in sp:
         from importlib import resources
 
@@ -362,7 +365,7 @@ def phase_serve(work: Path, slo: str, workload: str, duration: int, max_rate: fl
             (resources.files("gpufleet.serve.plan") / "data" / "profiles" / "llama3-8b-h100.json").read_text()
         )
         cfg_d = json.loads((work / "dense" / "config.json").read_text())
-        cfg_c = json.loads((work / "best-healed" / "config.json").read_text())
+        cfg_c = json.loads((work / model / "config.json").read_text())
 
         def kv(c: dict[str, Any]) -> int:
             return c["num_hidden_layers"] * c["num_key_value_heads"] * c.get("head_dim", 64)
@@ -401,7 +404,7 @@ def phase_serve(work: Path, slo: str, workload: str, duration: int, max_rate: fl
                 pl = json.loads(p.stdout)
                 plans[name] = {"gpus": pl["gpus"], "goodput_per_gpu": pl["predicted"]["goodput_per_gpu"]}
         serve["plan_200rps_512in_128out"] = plans
-    _merge({"serve": serve})
+    _merge({"serve" if model == "best-healed" else f"serve:{model}": serve})
 
 
 def report() -> str:
@@ -452,12 +455,12 @@ def main() -> None:
     ap.add_argument(
         "--eval-models", default="shortgpt,wanda,random,best,best-healed", help="eval phase: which models"
     )
-    ap.add_argument("--heal-steps", type=int, default=100)
+    ap.add_argument("--heal-steps", type=int, default=167)
     ap.add_argument("--heal-batch", type=int, default=4)
     ap.add_argument("--heal-seq-len", type=int, default=256)
     ap.add_argument("--heal-lr", type=float, default=3e-4)
     ap.add_argument(
-        "--heal-ce-weight", type=float, default=0.0, help="heal phase: `compress heal --ce-weight`"
+        "--heal-ce-weight", type=float, default=0.5, help="heal phase: `compress heal --ce-weight`"
     )
     ap.add_argument(
         "--heal-pool-per-file", type=int, default=1024, help="heal phase: `compress heal --pool-per-file`"
@@ -470,7 +473,9 @@ def main() -> None:
     ap.add_argument("--speed-repeats", type=int, default=1, help="measurements per model per round (median)")
     ap.add_argument("--speed-threads", type=int, default=2)
     ap.add_argument("--speed-reuse", action="store_true", help="reuse Q8_0 exports newer than the model")
-    ap.add_argument("--speed-model", default="best-healed", help="speed phase: the model timed against dense")
+    ap.add_argument(
+        "--speed-model", default="best-healed", help="speed and serve phases: the model compared with dense"
+    )
     ap.add_argument("--slo", default="ttft=2s,tpot=100ms")
     ap.add_argument("--workload", default="in=fixed:128;out=fixed:32")
     ap.add_argument("--serve-duration", type=int, default=20)
@@ -500,7 +505,7 @@ def main() -> None:
     if a.phase in ("speed", "all"):
         phase_speed(a.work, a.speed_rounds, a.speed_repeats, a.speed_threads, a.speed_reuse, a.speed_model)
     if a.phase in ("serve", "all"):
-        phase_serve(a.work, a.slo, a.workload, a.serve_duration, a.serve_max_rate)
+        phase_serve(a.work, a.slo, a.workload, a.serve_duration, a.serve_max_rate, a.speed_model)
     print(json.dumps(json.loads(RESULTS.read_text()), indent=1)[:4000])
 
 
