@@ -8,7 +8,10 @@ magnitude). It is not the accuracy figure: on a shared 2-core CI host the profil
 phases see different CPU contention (one llama.cpp thread competes with the client and whatever
 else runs), and TPOT errors of -37% and +132% were seen in loaded CI runs where a quiet run measured
 -12%. Accuracy against the issue's 15% goal is measured by benchmarks/bench_planner.py and recorded in
-docs/benchmarks.md: performance belongs in benchmarks, not in timed tests. About 70-100 s.
+docs/benchmarks.md: performance belongs in benchmarks, not in timed tests. 24 measured requests (a
+p90 from 24 is its third largest; enough for a factor-2.5 check): about 105 s idle (profile 35 s,
+bench at 0.36 req/s 67 s); 40 requests add about 45 s there and took 228 s in a loaded CI run,
+near the 300 s timeout.
 """
 
 from __future__ import annotations
@@ -35,9 +38,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 def test_planned_rate_matches_prediction(llama_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from bench_planner import validate
 
-    r = validate(llama_server.url, llama_server.model, tmp_path, requests=40)
+    r = validate(llama_server.url, llama_server.model, tmp_path, requests=24)
     assert r["server"]["max_batch"] == 1, r["server"]
-    assert r["requests_measured"] >= 35
+    assert r["requests_measured"] >= 21
     errs = r["rel_error_replay"]
     assert within_factor(errs["tpot_p90_ms"]), r
     assert within_factor(errs["ttft_p90_ms"]), r
