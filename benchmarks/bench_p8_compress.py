@@ -61,6 +61,12 @@ VARIANTS = {  # name -> prune CLI flags
 }
 
 
+def _key(phase: str, model: str) -> str:
+    """Where ``phase``'s result for ``model`` is kept: the issue's model (best-healed) under the
+    phase's own name, any other under ``phase:MODEL``."""
+    return phase if model == "best-healed" else f"{phase}:{model}"
+
+
 def _merge(update: dict[str, Any]) -> dict[str, Any]:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     cur = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
@@ -184,7 +190,7 @@ def phase_heal(
     res = json.loads((work / f"{name}.run" / "heal_result.json").read_text())
     _merge(
         {
-            ("heal" if name == "best-healed" else f"heal:{name}"): {
+            _key("heal", name): {
                 "student": student,
                 "steps": steps,
                 "batch": batch,
@@ -285,7 +291,7 @@ def phase_speed(
             speed[f"{k}_speedup_paired_median"] = round(statistics.median(ratios), 3)
     cur = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
     if model != "best-healed":
-        _merge({f"speed:{model}": [*cur.get(f"speed:{model}", []), speed]})
+        _merge({_key("speed", model): [*cur.get(_key("speed", model), []), speed]})
         return
     runs = cur.get("speed_runs", [])
     _merge({"speed": speed, "speed_runs": [*runs, speed]})
@@ -357,7 +363,7 @@ def phase_serve(
     if caps["dense"]["max_rate"]:
         serve["max_rate_gain"] = round(caps[model]["max_rate"] / caps["dense"]["max_rate"], 3)
     cur = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
-    sp = cur.get("speed", {}) if model == "best-healed" else (cur.get(f"speed:{model}") or [{}])[-1]
+    sp = cur.get("speed", {}) if model == "best-healed" else (cur.get(_key("speed", model)) or [{}])[-1]
     if "prefill_speedup" in sp:
         from importlib import resources
 
@@ -404,7 +410,7 @@ def phase_serve(
                 pl = json.loads(p.stdout)
                 plans[name] = {"gpus": pl["gpus"], "goodput_per_gpu": pl["predicted"]["goodput_per_gpu"]}
         serve["plan_200rps_512in_128out"] = plans
-    _merge({"serve" if model == "best-healed" else f"serve:{model}": serve})
+    _merge({_key("serve", model): serve})
 
 
 def report() -> str:
