@@ -115,27 +115,33 @@ def one_trial(launcher: str, args: argparse.Namespace, root: Path, i: int) -> di
         return out
     t_crash = float(crash[0]["t"])
     firsts = [s for s in steps if "start" in s]
-    before, after = firsts[0], [s for s in firsts if s["t"] > t_crash]
-    if not after:
+    before = firsts[0]
+    redone = _first_redone_step(steps, t_crash)
+    if redone is None:
         out["error"] = "no step after the crash"
         return out
-    f = after[0]
+    f = redone
     out.update(
         ok=True,
         mttr_s=f["t"] - t_crash,
-        restore_step=f["start"],
         crash_step=crash[0].get("step"),
-        state_bytes=f["state_bytes"],
-        phases_s={
-            "to_process": f["proc"] - t_crash,  # detect + teardown + spawn (fresh: + interpreter start)
-            "import": f["imported"] - f["proc"],  # import torch (+ gpufleet); ~0 in a standby
-            "init": f["init"] - f["imported"],  # init_process_group (gpufleet.init)
-            "build": f["built"] - f["init"],  # model + DDP + optimizer
-            "load": f["loaded"] - f["built"],  # newest checkpoint -> model/optimizer
-            "first_step": f["t"] - f["loaded"],
-        },
+        state_bytes=before["state_bytes"],
         cold_start_s=before["t"] - before["proc"],
     )
+    if "start" in f:  # a process's first step: its start-up, phase by phase
+        out.update(
+            restore_step=f["start"],
+            phases_s={
+                "to_process": f["proc"] - t_crash,  # detect + teardown + spawn (fresh: + interpreter start)
+                "import": f["imported"] - f["proc"],  # import torch (+ gpufleet); ~0 in a standby
+                "init": f["init"] - f["imported"],  # init_process_group (gpufleet.init)
+                "build": f["built"] - f["init"],  # model + DDP + optimizer
+                "load": f["loaded"] - f["built"],  # newest checkpoint -> model/optimizer
+                "first_step": f["t"] - f["loaded"],
+            },
+        )
+    else:  # rank 0 rejoined in place: no new process, no script phases (the ledger has the run API's)
+        out.update(restore_step=f["step"], phases_s={p: None for p in SCRIPT_PHASES})
     if launcher.startswith("gpufleet"):
         from gpufleet.core.ledger import read_events
         from gpufleet.reliability.metrics import summarize
@@ -151,7 +157,20 @@ def one_trial(launcher: str, args: argparse.Namespace, root: Path, i: int) -> di
     return out
 
 
-def _median(xs: list[float]) -> float | None:
+def _first_redone_step(steps: list[dict[str, Any]], t_crash: float) -> dict[str, Any] | None:
+    """The first step completed after the crash by the recovered run: the first record after the
+    crash whose step is not past the steps already seen (recovery rolls back to a checkpoint). It
+    holds for a new process (its first step) and for a rank that rejoined in place alike."""
+    furthest = -1
+    for rec in steps:
+        if rec["t"] > t_crash and rec["step"] <= furthest:
+            return rec
+        furthest = max(furthest, rec["step"])
+    return None
+
+
+def _median(xs: list[float | None]) -> float | None:
+    xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
 
 

@@ -57,12 +57,39 @@ def test_crash_and_hang_recover_in_process_bit_identical(tmp_path, reference_sha
     rejoins = _evs(tmp_path, "rejoin")
     assert [(e["rank"], e["attempt"]) for e in rejoins] == [(0, 1), (1, 2)]
     assert all(e["abort_s"] >= 0 and e["reason"] for e in rejoins)
+    # In place: the survivors kept their objects (no re-run of the script), and each replacement was
+    # a hot spare, built for its rank before the failure.
+    assert all(e["in_place"] for e in rejoins)
+    ready = {(e["attempt"], e["rank"]): e for e in _evs(tmp_path, "worker_ready")}
+    assert ready[(1, 1)]["hot_spare"] and ready[(2, 0)]["hot_spare"]
+    assert not ready[(1, 0)]["hot_spare"] and not ready[(2, 1)]["hot_spare"]
     text = (tmp_path / "ledger.jsonl").read_text()  # strict JSON: no NaN from a worker's event
     lines = "[" + ",".join(text.splitlines()) + "]"
     json.loads(lines, parse_constant=lambda c: pytest.fail(f"{c} in the ledger"))
     restores = _evs(tmp_path, "restore")
     assert [r["fresh"] for r in restores] == [True, False, False]
     assert {r["source"] for r in restores[1:]} <= {"memory", "local"}
+    assert final_sha(tmp_path) == reference_sha
+
+
+def test_a_scripts_own_collective_rejoins_by_running_the_script_again(tmp_path, reference_sha):
+    # The script all-reduces a value of its own: that error escapes the step, so the survivor cannot
+    # stay in place; the harness catches it and runs the script again in the same process.
+    p = gpufleet_run(
+        tmp_path,
+        "--in-process-restart",
+        "--inject",
+        "kill:rank=1,step=12,settle=1",
+        steps=30,
+        extra=("--user-allreduce",),
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    (restart,) = _evs(tmp_path, "restart")
+    assert restart["path"] == "in_process"
+    (rejoin,) = _evs(tmp_path, "rejoin")
+    assert rejoin["rank"] == 0 and not rejoin["in_place"]
+    pids = [e["pids"] for e in _evs(tmp_path, "attempt_start")]
+    assert pids[1][0] == pids[0][0]
     assert final_sha(tmp_path) == reference_sha
 
 

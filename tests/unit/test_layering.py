@@ -266,6 +266,10 @@ PRIVATE_ALLOWED = {
     # torch has no public query for oneDNN's bf16 support (AVX-512 / AMX; on AVX2 bf16 is emulated,
     # ~9x slower than fp32); compress picks its default precision by it (compress/model.py)
     ("gpufleet/compress/model.py", "torch.ops.mkldnn._is_mkldnn_bf16_supported"),
+    # DDP's own API for moving an instance to a re-formed process group ("shrink/expand DDP world size
+    # without having to reinitialize DDP"); in-place rejoin and hot spares need it (train/exactddp.py)
+    ("gpufleet/train/exactddp.py", "ddp._update_process_group"),
+    ("gpufleet/train/exactddp.py", "self.ddp._update_process_group"),
 }
 
 

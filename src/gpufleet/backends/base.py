@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -26,7 +26,21 @@ from gpufleet.core import events as E
 from gpufleet.core.env import Env
 from gpufleet.core.ledger import EventSink
 
-__all__ = ["LaunchSpec", "Worker", "EventChannel", "Attempt", "Blame", "Verdict", "CONTINUE", "Backend"]
+__all__ = [
+    "RejoinWait",
+    "LaunchSpec",
+    "Worker",
+    "EventChannel",
+    "Attempt",
+    "Blame",
+    "Verdict",
+    "CONTINUE",
+    "Backend",
+]
+
+# Waits for the survivors of a failure to leave their round: True all in place, False one rebuilds,
+# None one did not come in time (Backend.replace).
+RejoinWait = Callable[[list[int]], bool | None]
 
 
 @dataclass
@@ -168,9 +182,20 @@ class Backend(ABC):
     def start(self, spec: LaunchSpec) -> Attempt:
         """Start the ranks of one attempt (all nodes' for a multi-node backend)."""
 
-    def replace(self, attempt: Attempt, lost: Collection[int], spec: LaunchSpec) -> Attempt | None:
+    def replace(
+        self,
+        attempt: Attempt,
+        lost: Collection[int],
+        spec: LaunchSpec,
+        rejoined: RejoinWait | None = None,
+    ) -> Attempt | None:
         """In-process restart: the next attempt (``spec``) from ``attempt``'s surviving workers, which
         rejoin in their own processes, plus new workers for the ``lost`` ranks (killed first if alive).
+
+        ``rejoined(survivors)``, called once the lost ranks are gone, waits for the survivors to leave
+        their round and says how: True when every one kept its objects (in place), False when one runs
+        its script again, None when one did not come in time. A round's ranks must be all of one kind
+        (a rank that builds does collectives that one that kept its objects does not).
 
         None: not possible here (the default: this backend restarts whole attempts); the supervisor then
         stops ``attempt`` and calls :meth:`start`.

@@ -25,7 +25,7 @@ from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpufleet.backends.base import CONTINUE, Attempt, Backend, Blame, LaunchSpec, Verdict, Worker
+from gpufleet.backends.base import CONTINUE, Attempt, Backend, Blame, LaunchSpec, RejoinWait, Verdict, Worker
 from gpufleet.backends.process import ProcessAttempt, send_signal
 from gpufleet.backends.resources import RankResources, host_plan, parse_cpu_affinity, thread_env, thread_note
 from gpufleet.core import events as E
@@ -56,6 +56,10 @@ class _Standby:
     proc: subprocess.Popen[bytes]
     read_fd: int
     write_fd: int
+    # A hot spare (in-process restart): the rank and world size it runs the script for, up to
+    # run.restore, before any failure; None: a plain standby, which waits with torch imported.
+    rank: int | None = None
+    world: int | None = None
 
 
 class LocalBackend(Backend):
@@ -98,8 +102,53 @@ class LocalBackend(Backend):
             return
         slots = self.active_slots(spec)
         plan = self._plan(spec, len(slots))
+        if self.in_process:  # a hot spare per rank that has none: the one that replaces it
+            spec.nproc_per_node = len(slots)
+            have = {(sb.rank, sb.world) for sb in self._standbys if sb.proc.poll() is None}
+            for local_rank in range(len(slots)):
+                if (int(spec.rank_env(local_rank)["RANK"]), spec.world_size) not in have:
+                    self._standbys.append(self._spawn_spare(spec, local_rank, eager=eager))
+            return
         while len(self._standbys) < len(slots):
             self._standbys.append(self._spawn_standby(spec, plan[len(self._standbys)], eager=eager))
+
+    def _spawn_spare(self, spec: LaunchSpec, local_rank: int, *, eager: bool) -> _Standby:
+        """A standby ordered at once to run the script as a hot spare for this rank: it builds what the
+        script builds before ``run.restore`` (on a placeholder group) and waits there for its promotion
+        order, which carries the round's environment (train/run.py, ``_promote``)."""
+        res = self._plan(spec, spec.nproc_per_node)[local_rank]
+        sb = self._spawn_standby(spec, res, eager=eager)
+        env, threads = self._rank_env(spec, local_rank)
+        rank = int(env["RANK"])
+        env[Env.SPARE] = str(rank)
+        self._order(sb, spec, env, res, threads, rank)
+        sb.rank, sb.world = rank, spec.world_size
+        return sb
+
+    def _order(
+        self,
+        sb: _Standby,
+        spec: LaunchSpec,
+        env: dict[str, str],
+        res: RankResources,
+        threads: bool,
+        rank: int,
+    ) -> None:
+        """A standby's first order: what to run, as which rank, where its output goes."""
+        entry = python_entry(spec.command)
+        assert entry is not None and sb.proc.stdin is not None
+        argv, is_module = entry
+        order = {
+            "env": {**env, Env.CONTROL_FD: str(sb.write_fd)},
+            "argv": argv,
+            "module": is_module,
+            "log": _prepare_log(spec.log_path(rank)),
+            "threads": res.threads if threads else None,
+            "cpus": sorted(res.cpus) if res.cpus is not None else None,
+            "in_process": self.in_process,
+        }
+        sb.proc.stdin.write((json.dumps(order) + "\n").encode())
+        sb.proc.stdin.flush()
 
     def _spawn_standby(self, spec: LaunchSpec, res: RankResources, *, eager: bool) -> _Standby:
         r, w = os.pipe()
@@ -120,12 +169,21 @@ class LocalBackend(Backend):
     def start(self, spec: LaunchSpec) -> ProcessAttempt:
         slots = self.active_slots(spec)
         spec.nproc_per_node = len(slots)  # fewer after a slot was dropped: the world size shrinks
-        launched = [self._launch(spec, local_rank) for local_rank in range(spec.nproc_per_node)]
+        # Hot spares join as they are only when every rank of the round is one; else they build again.
+        ranks = [int(spec.rank_env(i)["RANK"]) for i in range(spec.nproc_per_node)]
+        rebuild = not all(self._spare_for(r, spec.world_size) for r in ranks)
+        launched = [self._launch(spec, i, rebuild=rebuild) for i in range(spec.nproc_per_node)]
         if self.host_store:  # after the spawns: the ranks import torch meanwhile, and retry until it is up
             self._store = _RendezvousStore(spec)
         return _attempt(spec, launched)
 
-    def replace(self, attempt: Attempt, lost: Collection[int], spec: LaunchSpec) -> ProcessAttempt | None:
+    def replace(
+        self,
+        attempt: Attempt,
+        lost: Collection[int],
+        spec: LaunchSpec,
+        rejoined: RejoinWait | None = None,
+    ) -> ProcessAttempt | None:
         """In-process restart: kill the ``lost`` ranks, order the survivors (started through the
         in-process harness) into the new round, and promote standbys for the lost ranks.
 
@@ -145,6 +203,12 @@ class LocalBackend(Backend):
         if any(codes[r] is not None for r in survivors) or any(r not in attempt.orders for r in survivors):
             return None
         attempt.kill(lost)
+        # Survivors that kept their objects and hot spares form a round together; a survivor that runs
+        # its script again builds (DDP's constructor is a collective), and so must every other rank.
+        in_place = rejoined(survivors) if rejoined is not None else False
+        if in_place is None:
+            return None  # a survivor did not leave its round: the supervisor restarts the whole attempt
+        rebuild = not in_place or not all(self._spare_for(r, spec.world_size) for r in lost)
         if self.host_store:  # up before any rank of the new round asks for it
             self._store = _RendezvousStore(spec)
         kept = attempt.handover(survivors)
@@ -154,12 +218,15 @@ class LocalBackend(Backend):
             if rank in kept:
                 worker, proc, fd, orders = kept[rank]
                 env, _ = self._rank_env(spec, local_rank)
-                orders.write((json.dumps({"env": env}) + "\n").encode())
+                orders.write((json.dumps({"env": env, "rebuild": rebuild}) + "\n").encode())
                 orders.flush()
                 launched.append((worker, proc, fd, orders))
             else:
-                launched.append(self._launch(spec, local_rank))
+                launched.append(self._launch(spec, local_rank, rebuild=rebuild))
         return _attempt(spec, launched)
+
+    def _spare_for(self, rank: int, world: int) -> bool:
+        return any((sb.rank, sb.world) == (rank, world) and sb.proc.poll() is None for sb in self._standbys)
 
     def _rank_env(self, spec: LaunchSpec, local_rank: int) -> tuple[dict[str, str], bool]:
         """A rank's environment for ``spec``, and whether the thread variables were set by gpufleet."""
@@ -172,29 +239,23 @@ class LocalBackend(Backend):
         env.update(threads)
         return env, bool(threads)
 
-    def _launch(self, spec: LaunchSpec, local_rank: int) -> _Launched:
+    def _launch(self, spec: LaunchSpec, local_rank: int, *, rebuild: bool = False) -> _Launched:
         """Start one rank: a standby promoted, or a fresh process (for a command a standby cannot run)."""
         res = self._plan(spec, spec.nproc_per_node)[local_rank]
         env, threads = self._rank_env(spec, local_rank)
         rank = int(env["RANK"])
         entry = python_entry(spec.command)
-        sb = self._take_standby() if entry is not None else None
+        sb = self._take_standby(rank, spec.world_size) if entry is not None else None
         if sb is None and entry is not None and self.in_process:
             # Every rank runs under the in-process harness, the first attempt's too: spawn one now.
             sb = self._spawn_standby(spec, res, eager=True)
         if sb is not None and entry is not None and sb.proc.stdin is not None:
-            argv, is_module = entry
-            order = {
-                "env": {**env, Env.CONTROL_FD: str(sb.write_fd)},
-                "argv": argv,
-                "module": is_module,
-                "log": _prepare_log(spec.log_path(rank)),
-                "threads": res.threads if threads else None,
-                "cpus": sorted(res.cpus) if res.cpus is not None else None,
-                "in_process": self.in_process,
-            }
-            sb.proc.stdin.write((json.dumps(order) + "\n").encode())
-            sb.proc.stdin.flush()
+            if sb.rank is None:
+                self._order(sb, spec, env, res, threads, rank)
+            else:  # a hot spare built for this rank: its promotion order is the round's environment
+                promotion = {"env": {**env, Env.CONTROL_FD: str(sb.write_fd)}, "rebuild": rebuild}
+                sb.proc.stdin.write((json.dumps(promotion) + "\n").encode())
+                sb.proc.stdin.flush()
             orders = None
             if self.in_process:
                 orders = sb.proc.stdin  # the next rounds' orders go the same way
@@ -288,13 +349,17 @@ class LocalBackend(Backend):
                 self._noted = True
         return self._plans[key]
 
-    def _take_standby(self) -> _Standby | None:
-        while self._standbys:
-            sb = self._standbys.pop(0)
-            if sb.proc.poll() is None:
-                return sb
+    def _take_standby(self, rank: int, world: int) -> _Standby | None:
+        """The hot spare built for this rank, else a plain standby; never another rank's spare."""
+        for sb in [sb for sb in self._standbys if sb.proc.poll() is not None]:  # exited: forget it
+            self._standbys.remove(sb)
             os.close(sb.read_fd)
             os.close(sb.write_fd)
+        for wanted in ((rank, world), (None, None)):
+            for sb in self._standbys:
+                if (sb.rank, sb.world) == wanted:
+                    self._standbys.remove(sb)
+                    return sb
         return None
 
     def _discard_standbys(self) -> None:

@@ -46,6 +46,8 @@ class Env(StrEnum):
     ROLLBACK = "GPUFLEET_ROLLBACK"
     SPAWN_T = "GPUFLEET_SPAWN_T"
     STANDBY_EAGER = "GPUFLEET_STANDBY_EAGER"
+    IN_PROCESS = "GPUFLEET_IN_PROCESS"  # "1": this rank may rejoin a new round in place (train/inprocess.py)
+    SPARE = "GPUFLEET_SPARE"  # a hot spare's rank guess: it builds and waits in run.restore (train/run.py)
     AGENT_SPEC = "GPUFLEET_AGENT_SPEC"
     AGENT_GRACE = "GPUFLEET_AGENT_GRACE"
     # Health (docs/health.md).

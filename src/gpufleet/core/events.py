@@ -316,7 +316,9 @@ class WorkerReady(Event):
     """A rank's process group is up (every rank). ``rank`` and ``attempt`` are set."""
 
     kind: ClassVar[str] = "worker_ready"
-    init_s: float  # spawn -> process group up, seconds
+    init_s: float  # spawn (or its order) -> process group up, seconds
+    # A hot spare: the script had built this rank's objects before the failure (train/run.py)
+    hot_spare: bool = False
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -405,6 +407,8 @@ class Rejoin(Event):
     kind: ClassVar[str] = "rejoin"
     reason: str  # the collective's error, first line
     abort_s: float  # abandoning the round: engine wait, process groups destroyed, objects freed
+    # True: the rank kept its model and optimizer and rolls them back in place (no re-run of the script)
+    in_place: bool = False
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -15,6 +15,13 @@ layout in each checkpoint's meta; a resumed attempt's first synced backward all-
 in that layout instead of the single initial bucket, so it sums exactly as the unbroken run did.
 The first backward of a fresh run is left as DDP does it: an unbroken run has it too.
 
+In-process restart in place (``gpufleet run --in-process-restart``) uses the same hook with any number
+of ranks. A collective that fails because a peer died does not raise out of the user's ``backward``: the
+hook records the error and hands back the unreduced bucket, so the step runs to its end and the run
+API, at the step boundary, discards it (rolls the state back) and re-forms the group. After that, every
+rank's first synced backward replays the checkpoint's layout: a survivor's DDP holds rebuilt buckets, a
+hot spare's a fresh one's, and the replay is what makes their all-reduces match.
+
 Not covered (DDP's behaviour is left alone, and the resume is exact only for two ranks, as before):
 ``static_graph=True``, a user's own communication hook, DDP's mixed precision, and the Python
 reducer. ``find_unused_parameters=True`` needs nothing: DDP never rebuilds its buckets then.
@@ -22,6 +29,7 @@ reducer. ``find_unused_parameters=True`` needs nothing: DDP never rebuilds its b
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -36,9 +44,18 @@ Layout = list[list[str]]
 class ExactBuckets:
     """The hook's state for one DDP instance: its recorded layout, and the saved one to replay."""
 
-    def __init__(self, ddp: DistributedDataParallel, saved: Layout | None) -> None:
+    def __init__(
+        self,
+        ddp: DistributedDataParallel,
+        saved: Layout | None,
+        tolerate: Callable[[BaseException], bool] | None = None,
+    ) -> None:
+        self.ddp = ddp
         self.names = {id(p): n for n, p in ddp.module.named_parameters()}
         self.group = ddp.process_group
+        # In-place rejoin: which collective errors to swallow (a dead peer's), and the first one seen.
+        self.tolerate = tolerate
+        self.errored: BaseException | None = None
         self.scale = 1.0 / self.group.size()  # DDP's built-in path multiplies by this very double
         self.saved = saved
         self.iteration = 0  # synced backwards seen by this instance
@@ -55,11 +72,16 @@ class ExactBuckets:
         buf = bucket.buffer()
         buf.mul_(self.scale)
         names = [self.names[id(p)] for p in bucket.parameters()]
-        if self.iteration == 0 and self.saved:  # a resumed attempt's first synced backward
+        if self.errored is not None:  # the group is broken: the step is discarded anyway
+            fut = _done(buf)
+        elif self.iteration == 0 and self.saved:  # a resumed attempt's first synced backward
             fut = self._replay(bucket, names, buf)
         else:
-            work = dist.all_reduce(buf, group=self.group, async_op=True)  # as DDP's own path does
-            fut = work.get_future().then(lambda f: f.value()[0])
+            try:
+                work = dist.all_reduce(buf, group=self.group, async_op=True)  # as DDP's own path does
+                fut = work.get_future().then(lambda f: self._result(f, buf))
+            except Exception as e:
+                fut = self._failed(e, buf)
         if self.iteration >= 1 and self.layout is None:
             self._current.append(names)
         if bucket.is_last():
@@ -67,6 +89,33 @@ class ExactBuckets:
                 self.layout = self._current
             self.iteration += 1
         return fut
+
+    def _result(self, fut: torch.futures.Future[Any], buf: torch.Tensor) -> torch.Tensor:
+        try:
+            return fut.value()[0]
+        except Exception as e:
+            if self.tolerate is None or not self.tolerate(e):
+                raise
+            self.errored = self.errored or e
+            return buf
+
+    def _failed(self, e: Exception, buf: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+        if self.tolerate is None or not self.tolerate(e):
+            raise e
+        self.errored = self.errored or e
+        return _done(buf)
+
+    def rejoin(self, group: Any, saved: Layout | None) -> None:
+        """A new round in place: DDP and this hook on ``group``, and the first synced backward replays
+        ``saved`` (the restored checkpoint's layout), as a fresh rank's does."""
+        self.ddp._update_process_group(group)  # torch's own API for a DDP whose world is re-formed
+        self.group = group
+        self.scale = 1.0 / group.size()
+        self.saved = saved
+        self.iteration = 0
+        self.layout = None
+        self._current, self._views, self._pending = [], {}, []
+        self.errored = None
 
     def _replay(
         self, bucket: dist.GradBucket, names: list[str], buf: torch.Tensor
@@ -86,7 +135,13 @@ class ExactBuckets:
             groups = self.saved
         for group in groups:
             flat = torch.cat([views[n].reshape(-1) for n in group])
-            dist.all_reduce(flat, group=self.group)
+            if self.errored is None:
+                try:
+                    dist.all_reduce(flat, group=self.group)
+                except Exception as e:
+                    if self.tolerate is None or not self.tolerate(e):
+                        raise
+                    self.errored = e
             offset = 0
             for n in group:
                 v = views[n]
@@ -96,6 +151,12 @@ class ExactBuckets:
         for f, b in pending:
             f.set_result(b)
         return fut
+
+
+def _done(buf: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(buf)
+    return fut
 
 
 def _hook(state, bucket):  # type: ignore[no-untyped-def]
@@ -126,12 +187,18 @@ class DDPWatcher:
     module called, and attaches at the first DDP whose ``module`` is the model (or that is it).
     """
 
-    def __init__(self, model: torch.nn.Module, saved: Layout | None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        saved: Layout | None,
+        tolerate: Callable[[BaseException], bool] | None = None,
+    ) -> None:
         global _watching
         if _watching is not None:  # an in-process restart abandoned a round before its first step
             _watching.stop_watching()
         self.model = model
         self.saved = saved
+        self.tolerate = tolerate
         self.exact: ExactBuckets | None = None
         self._handle: Any = None
         if isinstance(model, DistributedDataParallel):
@@ -147,8 +214,26 @@ class DDPWatcher:
 
     def _attach(self, ddp: DistributedDataParallel) -> None:
         if self.exact is None and _supported(ddp):
-            self.exact = ExactBuckets(ddp, self.saved)
+            if self.tolerate is not None and _stale(ddp.process_group):
+                # Built before this round's group (a hot spare's placeholder group, or the group of
+                # a round its rank left): DDP on the default group moves to the current one.
+                ddp._update_process_group(_default_group())  # torch's API for a re-formed world
+            self.exact = ExactBuckets(ddp, self.saved, self.tolerate)
             ddp.register_comm_hook(self.exact, _hook)
+
+    def errored(self) -> BaseException | None:
+        """The collective error the hook swallowed this round (in-place rejoin), if any."""
+        return None if self.exact is None else self.exact.errored
+
+    def rejoinable(self) -> bool:
+        """Whether the DDP instance (if found) can move to a re-formed default group."""
+        return self.exact is not None or self._handle is not None
+
+    def rejoin(self, saved: Layout | None) -> None:
+        """The new round's default group for DDP and the hook; the first backward replays ``saved``."""
+        self.saved = saved
+        if self.exact is not None:
+            self.exact.rejoin(_default_group(), saved)
 
     def stop_watching(self) -> None:
         """After the first step: a script without DDP pays for the global hook no longer."""
@@ -161,3 +246,19 @@ class DDPWatcher:
 
     def checkpoint_layout(self) -> Layout | None:
         return self.exact.checkpoint_layout() if self.exact is not None else None
+
+
+def _default_group() -> Any:
+    return dist.group.WORLD
+
+
+def _stale(group: Any) -> bool:
+    """A group that is not this round's default but spans as many ranks (DDP built on an earlier
+    round's default group); a subgroup of the script's own making is left alone."""
+    current = _default_group()
+    if group is current:
+        return False
+    try:
+        return group.size() == current.size()
+    except RuntimeError:  # a destroyed group may not answer
+        return True

@@ -13,7 +13,9 @@ the top, and
 3. **waits for its order**: one JSON line on stdin from the supervisor, the same order a standby
    interpreter receives (the new round's environment: a new rendezvous port, the attempt, the fault
    plan), or ``{"exit": true}`` when the supervisor chose a full restart after all;
-4. **runs the script again**, in the same process: the interpreter, every imported module (torch),
+4. **runs the script again**, in the same process (this harness is the fallback: where it can, the run
+   API survives the failure in place, without unwinding the script; see "In place" below): the
+   interpreter, every imported module (torch),
    thread pools and, on a GPU, the CUDA context are kept; ``gpufleet.init()`` forms the new process
    group with the replacement rank, and ``run.restore`` rolls back to the newest checkpoint, from the
    in-memory tier first (``--memory-tier``), exactly as a restarted process would, so the run stays
@@ -22,6 +24,15 @@ the top, and
 Only an error from a collective is survivable this way. Anything else (a bug in the script, a CUDA
 error, an out-of-memory) leaves the process as before, and the supervisor falls back to a full
 restart. So does a second failure at the same step (the supervisor's rule).
+
+**In place** (the usual path): with the harness's ``GPUFLEET_IN_PROCESS=1``, a DDP model's gradient
+all-reduce (exactddp's hook) and the run API's own collectives do not raise on a dead peer. The step
+runs to its end, and at its boundary :class:`~gpufleet.train.run.Run` discards it: it leaves the round
+(the same abort, the same ``rejoin`` event with ``in_place``), reads its order itself, re-forms the
+group, moves DDP to it and rolls the *same* model and optimizer back to the newest checkpoint. Nothing
+is rebuilt or freed. The replacement is a **hot spare**: a standby that already ran the script up to
+``run.restore`` for the lost rank (a placeholder group stood in for the world), so it only joins the
+round and loads the state.
 
 The harness runs the script as ``__main__`` like the standby does (it *is* the standby's main loop
 when the order says ``"in_process": true``); the first attempt's ranks are started through it too.
@@ -39,46 +50,12 @@ from typing import IO, Any
 
 from gpufleet.core.env import Env
 from gpufleet.core.exitcodes import ExitCode
+from gpufleet.train.peerloss import survivable
 
 __all__ = ["serve", "survivable"]
 
 # How long an abandoned round's checkpoint engine may take to notice its dead peer and stop.
 _ABANDON_WAIT_S = 5.0
-
-# Messages of collective failures caused by a peer's death (gloo's pair errors, NCCL's remote errors).
-_PEER_LOST = (
-    "connection closed by peer",
-    "connection reset by peer",
-    "broken pipe",
-    "remote worker crashing",
-    "remote process exited",
-    "ncclremoteerror",
-    "nccl communicator was aborted",
-    "connection refused",
-)
-# Errors that make the process itself suspect: never survived in-process.
-_FATAL = ("cuda error", "illegal memory access", "out of memory", "cudnn_status", "cublas_status")
-
-
-def survivable(exc: BaseException) -> bool:
-    """True when ``exc`` (or an exception in its cause/context chain) is a collective failing because a
-    peer is gone, and nothing in the chain is a device fault."""
-    seen: set[int] = set()
-    peer_lost = False
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, (KeyboardInterrupt, SystemExit, MemoryError)):
-            return False
-        text = f"{type(e).__name__} {e}".lower()
-        if any(s in text for s in _FATAL):
-            return False
-        if isinstance(e, RuntimeError) and any(s in text for s in _PEER_LOST):
-            peer_lost = True
-        if type(e).__name__ in ("DistNetworkError", "DistBackendError"):
-            peer_lost = True
-        e = e.__cause__ or e.__context__
-    return peer_lost
 
 
 def _run_script(argv: list[str], module: bool) -> None:
@@ -130,11 +107,20 @@ def serve(order: dict[str, Any], orders: IO[str], apply: Any) -> None:
     """
     argv: list[str] = order["argv"]
     module = bool(order.get("module"))
+    # The run API survives a peer's death in place where it can (train/run.py: the step is discarded
+    # at its boundary, the objects are rolled back); what escapes the script comes here.
+    os.environ[Env.IN_PROCESS] = "1"
     while True:
         try:
             _run_script(argv, module)
             return  # the script ended normally: the process exits 0 (or the script's own code)
         except BaseException as exc:
+            from gpufleet.train.run import RebuildRound
+
+            if isinstance(exc, RebuildRound):  # its round's other ranks build: so must this one
+                del exc
+                _abort()
+                continue  # its order is applied: run the script again
             if not survivable(exc):
                 raise
             reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"

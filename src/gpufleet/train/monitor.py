@@ -41,6 +41,7 @@ class AttemptMonitor:
     spike_t: float | None = None  # wall time the loss guard fired (the failure's true start)
     fired: list[E.Inject] = field(default_factory=list)
     committed_step: int = -1
+    rejoined: dict[int, bool] = field(default_factory=dict)  # rank -> left its round in place (rejoin)
     config_error: str | None = None  # a worker's gpufleet.init() rejected its settings: the message
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=200))
     started: float = field(default_factory=time.monotonic)
@@ -97,9 +98,13 @@ class AttemptMonitor:
             self.fired.append(event)
         elif isinstance(event, E.CkptCommitted):
             self.committed_step = max(self.committed_step, event.step)
+        elif isinstance(event, E.Rejoin):
+            self.rejoined[rank] = event.in_place
         if event.in_ledger and (rank == 0 or isinstance(event, _ALL_RANKS)):
             try:
-                self.ledger.emit(dataclasses.replace(event, rank=rank, attempt=self.attempt))
+                # A rejoin names the attempt the rank rejoins (it leaves this one)
+                attempt = self.attempt + 1 if isinstance(event, E.Rejoin) else self.attempt
+                self.ledger.emit(dataclasses.replace(event, rank=rank, attempt=attempt))
             except E.EventSchemaError as e:  # read leniently, but the ledger only takes valid events
                 self._ignore(event.kind, str(e))
 

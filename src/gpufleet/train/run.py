@@ -31,17 +31,26 @@ from gpufleet.core.exitcodes import ExitCode
 from gpufleet.core.ledger import EventSink, Ledger, NullSink, PipeSink, read_events
 from gpufleet.core.settings import Env, RunSettings, read_env
 from gpufleet.train.faults import FaultInjector, faults_from_env
+from gpufleet.train.peerloss import survivable
 from gpufleet.train.spike import SpikeGuard
 from gpufleet.train.statedict import StateMapper
 
-__all__ = ["Run", "init", "SpikeDetected"]
+__all__ = ["Run", "init", "SpikeDetected", "RebuildRound"]
+
+
+# How long an abandoned round's checkpoint engine may take to notice its dead peer and stop.
+_ABANDON_WAIT_S = 5.0
 
 
 class SpikeDetected(GpufleetError):
     """Raised in standalone runs when the loss guard fires (under a supervisor the rank exits instead)."""
 
 
-def _setup_distributed(choice: str) -> tuple[int, int, int, torch.device]:
+def _setup_distributed(choice: str, *, placeholder: bool = False) -> tuple[int, int, int, torch.device]:
+    """This rank's process group (the default one) and device. ``placeholder``: a hot spare's group,
+    which claims the world size and rank it was told and connects to nobody (torch's fake backend:
+    collectives return at once), so the script can build its model and wrap it in DDP before the
+    spare has a round to join."""
     from gpufleet.backends.resources import dist_plan
 
     rank = int(os.environ.get("RANK", "0"))
@@ -52,8 +61,35 @@ def _setup_distributed(choice: str) -> tuple[int, int, int, torch.device]:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group(backend=plan.backend)
+        if placeholder:
+            from torch.testing._internal.distributed.fake_pg import FakeStore  # registers "fake"
+
+            dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+        else:
+            dist.init_process_group(backend=plan.backend)
     return rank, world, local, device
+
+
+class RebuildRound(GpufleetError):
+    """This rank must run its script again: the new round's other ranks build their objects (DDP's
+    constructor is a collective), or a hot spare was promoted to another rank than it built for. The
+    in-process harness catches it (train/inprocess.py) with the round's order already applied."""
+
+
+def _read_order() -> dict[str, Any]:
+    """The supervisor's next order on stdin (a survivor's or a spare's; train/inprocess.py), applied to
+    the environment. EOF or ``{"exit": true}``: the supervisor chose otherwise, and this process leaves
+    quietly. ``{"rebuild": true}``: raises :class:`RebuildRound`."""
+    line = sys.stdin.readline()
+    order = json.loads(line) if line else {"exit": True}
+    if order.get("exit"):
+        sys.stdout.flush()
+        os._exit(ExitCode.FAILED if line else ExitCode.OK)
+    os.environ.update(order["env"])
+    os.environ[Env.SPAWN_T] = str(time.time())
+    if order.get("rebuild"):
+        raise RebuildRound("the new round's ranks build their objects: running the script again")
+    return order
 
 
 def carries_cpu(backend: str) -> bool:
@@ -67,15 +103,27 @@ def carries_cpu(backend: str) -> bool:
 class Run:
     """One worker's view of a (possibly supervised) training run. Create it with :func:`gpufleet.init`."""
 
-    def __init__(self, settings: RunSettings) -> None:
+    def __init__(self, settings: RunSettings, init_kwargs: dict[str, Any] | None = None) -> None:
         t_init = time.time()
         self.settings = settings
-        self.rank, self.world_size, self.local_rank, self.device = _setup_distributed(settings.dist_backend)
+        self._init_kwargs = dict(init_kwargs or {})  # a rejoined round reloads its settings with them
+        # A hot spare (the local backend's, under --in-process-restart): it builds for this rank and
+        # waits in restore() for its promotion (see _promote).
+        spare = os.environ.pop(Env.SPARE, None)
+        self._spare = int(spare) if spare else None
+        self.rank, self.world_size, self.local_rank, self.device = _setup_distributed(
+            settings.dist_backend, placeholder=self._spare is not None
+        )
         self.run_dir = Path(settings.run_dir)
         self.is_main = self.rank == 0
         self.supervised = settings.control_fd is not None
+        # Under the in-process harness: a peer's death is survived in place at the step boundary.
+        self._in_place = self.supervised and self.world_size > 1 and os.environ.get(Env.IN_PROCESS) == "1"
+        self._errored: str | None = None  # a collective failed this round (the step is discarded)
         self.sink: EventSink
-        if self.supervised:
+        if self._spare is not None:
+            self.sink = NullSink()  # nothing to say until it is a rank of a round
+        elif self.supervised:
             assert settings.control_fd is not None
             self.sink = PipeSink(settings.control_fd, self.rank)
         elif self.is_main:
@@ -85,13 +133,10 @@ class Run:
             )
         else:
             self.sink = NullSink()
-        # A separate gloo group so background checkpoint collectives never interleave with training's.
-        self._ckpt_pg = dist.new_group(backend="gloo") if self.world_size > 1 else None
-        # The per-step control all-reduce is a CPU tensor. gpufleet's own group carries those (gloo,
-        # or cpu:gloo,cuda:nccl); a NCCL-only group the script made itself before init() cannot.
-        self._ctl_pg = None
-        if self.world_size > 1 and not carries_cpu(str(dist.get_backend())):
-            self._ctl_pg = dist.new_group(backend="gloo")
+        self._ckpt_pg: Any = None
+        self._ctl_pg: Any = None
+        if self._spare is None:
+            self._make_groups()
         self._faults = FaultInjector(
             faults_from_env(settings.faults), self.rank, self.sink.emit, settle=self._settle_checkpoint
         )
@@ -102,7 +147,8 @@ class Run:
         self._engine: Any = None
         self._policy: Any = None
         self._mapper: StateMapper | None = None
-        self._ddp: Any = None  # exactddp.DDPWatcher with 3+ ranks: their resume stays bit-identical
+        self._ddp: Any = None  # exactddp.DDPWatcher with 3+ ranks or in place: exact resume, rejoin
+        self._restored_layout: Any = None  # the restored checkpoint's DDP bucket layout
         self._start = 0
         self.step = 0
         self.epoch = 0
@@ -126,6 +172,93 @@ class Run:
         _CURRENT = self  # the in-process restart harness abandons it if a peer dies (inprocess.py)
         spawn_t = read_env(Env.SPAWN_T, float, t_init)
         self.sink.emit(E.WorkerReady(attempt=settings.attempt, init_s=round(time.time() - spawn_t, 4)))
+
+    def _make_groups(self) -> None:
+        # A separate gloo group so background checkpoint collectives never interleave with training's.
+        self._ckpt_pg = dist.new_group(backend="gloo") if self.world_size > 1 else None
+        # The per-step control all-reduce is a CPU tensor. gpufleet's own group carries those (gloo,
+        # or cpu:gloo,cuda:nccl); a NCCL-only group the script made itself before init() cannot.
+        self._ctl_pg = None
+        if self.world_size > 1 and not carries_cpu(str(dist.get_backend())):
+            self._ctl_pg = dist.new_group(backend="gloo")
+
+    # ------------------------------------------------------------------ rounds in place
+    def _survivable(self, exc: BaseException) -> bool:
+        if not self._in_place:
+            return False
+        return survivable(exc)
+
+    def _note_error(self, exc: BaseException) -> None:
+        if self._errored is None:
+            first = str(exc).splitlines()[0][:300] if str(exc) else ""
+            self._errored = f"{type(exc).__name__}: {first}"
+
+    def _round_error(self) -> str | None:
+        """This round's collective failure, from the run's own collectives or DDP's (the hook)."""
+        if self._errored is None and self._ddp is not None:
+            exc = self._ddp.errored()
+            if exc is not None:
+                self._note_error(exc)
+        return self._errored
+
+    def _reform(self, *, hot_spare: bool = False) -> None:
+        """Join the round the order (already applied to the environment) describes: settings again,
+        a new default group with the replacement rank, gpufleet's own groups, the fault plan."""
+        t0 = time.time()
+        self.settings = settings = RunSettings.load(**self._init_kwargs)
+        self.rank, self.world_size, self.local_rank, self.device = _setup_distributed(settings.dist_backend)
+        self.is_main = self.rank == 0
+        if self.supervised and isinstance(self.sink, NullSink):
+            assert settings.control_fd is not None
+            self.sink = PipeSink(settings.control_fd, self.rank)
+        self._make_groups()
+        self._faults = FaultInjector(
+            faults_from_env(settings.faults), self.rank, self.sink.emit, settle=self._settle_checkpoint
+        )
+        self._skips = [list(w) for w in settings.rollback.skip]
+        spawn_t = read_env(Env.SPAWN_T, float, t0)
+        init_s = round(time.time() - spawn_t, 4)
+        self.sink.emit(E.WorkerReady(attempt=settings.attempt, init_s=init_s, hot_spare=hot_spare))
+
+    def _promote(self) -> None:
+        """A hot spare: wait for the order that makes it a rank, then leave the placeholder group for
+        the round's. Its model and optimizer were built meanwhile; restore() then loads their state."""
+        _read_order()
+        rank = int(os.environ.get("RANK", "0"))
+        if rank != self._spare:
+            raise RebuildRound(f"a spare built for rank {self._spare} was promoted to rank {rank}")
+        self._spare = None
+        dist.destroy_process_group()
+        self._reform(hot_spare=True)
+
+    def _rejoin_in_place(self) -> int:
+        """A peer died during this step: discard the step, leave the broken round without a collective,
+        rejoin the next one with the same objects and roll them back to the newest checkpoint (the
+        memory tier first). Returns the step to resume at."""
+        t0 = time.monotonic()
+        reason = self._errored or "collective failed"
+        if self._engine is not None:
+            try:
+                self._engine.wait(timeout=_ABANDON_WAIT_S)  # a save that needed the dead peer stops
+            except Exception:  # noqa: BLE001 - the ledger has it (ckpt_failed); the new round saves again
+                pass
+        self._engine = None  # bound to the broken groups; restore makes a new one
+        try:
+            dist.destroy_process_group()  # the default group and every group made from it
+        except Exception:  # noqa: BLE001 - a half-dead group may fail to tear down; the new round makes its own
+            pass
+        assert self._mapper is not None
+        self._mapper.drop_gradients()  # as a fresh rank has them: none
+        self.sink.emit(E.Rejoin(reason=reason[:300], abort_s=round(time.monotonic() - t0, 6), in_place=True))
+        _read_order()
+        self._errored = None
+        self._reform()
+        start = self._load_state()
+        if self._ddp is not None:
+            self._ddp.rejoin(self._restored_layout)
+        self._save_due = False
+        self._stall = 0.0
+        return start
 
     # ------------------------------------------------------------------ checkpoint plumbing
     def _on_stop_signal(self, signum: int, frame: object) -> None:
@@ -204,12 +337,27 @@ class Run:
             if self.supervised:
                 _exit_config_error(str(e))
             raise
-        engine = self._ensure_engine()
+        if self._spare is not None:  # a hot spare: built; now wait to become a rank
+            self._promote()
+            self._mapper.rank = self.rank
         if self.supervised and self.world_size > 1 and self._mapper.model is not None:
             self._mapper.model.register_forward_hook(self._after_forward)
         for opt in self._mapper.optimizers:
             opt.register_step_pre_hook(self._before_optimizer_step)
             opt.register_step_post_hook(self._after_optimizer_step)
+        self._load_state()
+        if (self.world_size >= 3 or self._in_place) and self._mapper.model is not None:
+            from gpufleet.train.exactddp import DDPWatcher
+
+            tolerate = self._survivable if self._in_place else None
+            self._ddp = DDPWatcher(self._mapper.model, saved=self._restored_layout, tolerate=tolerate)
+        return self._start
+
+    def _load_state(self) -> int:
+        """Load the newest verified checkpoint into the restore dict's objects (those of a fresh start,
+        or a survivor's own, rolled back in place); sets the step to resume at."""
+        assert self._mapper is not None
+        engine = self._ensure_engine()
         max_step = self.settings.rollback.max_step
         t0 = time.monotonic()
         # The load's template needs optimizer state: shaped from the checkpoint's metadata where it
@@ -231,6 +379,7 @@ class Run:
         except BaseException:
             self._mapper.unprime(stateless)
             raise
+        self._restored_layout = None
         if result is None:
             self._mapper.unprime(stateless)
             self.sink.emit(E.Restore(step=0, fresh=True, load_s=round(time.monotonic() - t0, 4)))
@@ -251,6 +400,7 @@ class Run:
             # Skip windows decided by the supervisor win over those saved with the checkpoint.
             self._skips = self._skips or [list(w) for w in internal.get("skips", [])]
             self._start = int(result.step)
+            self._restored_layout = result.meta.get("ddp_buckets")
             self.sink.emit(
                 E.Restore(
                     step=self._start,
@@ -262,11 +412,6 @@ class Run:
                     saved_world_size=saved_world if saved_world != self.world_size else None,
                 )
             )
-        if self.world_size >= 3 and self._mapper.model is not None:
-            from gpufleet.train.exactddp import DDPWatcher
-
-            saved = None if result is None else result.meta.get("ddp_buckets")
-            self._ddp = DDPWatcher(self._mapper.model, saved=saved)
         self._last_saved_step = self._start
         self.step = self._start
         self._policy.reset(self._start, time.time())
@@ -340,7 +485,15 @@ class Run:
                         fwd=None if self._fwd_s is None else round(self._fwd_s, 6),
                     )
                 )
-            dist.all_reduce(vec, group=self._ctl_pg)
+            if self._errored is None:
+                try:
+                    dist.all_reduce(vec, group=self._ctl_pg)
+                except Exception as e:
+                    if not self._survivable(e):
+                        raise
+                    self._note_error(e)  # the step is discarded at its end; this rank's own values stand
+            if self._errored is not None:
+                vec[2] = vec[3] = 0.0  # no decisions in a discarded step
         self._ctrl_done = True
         total, n_nonfinite, stop, save = vec.tolist()
         self._save_due = save > 0
@@ -387,7 +540,14 @@ class Run:
             t0 = time.monotonic()  # a step's dt includes the checkpoint stall taken at its start
             self._step_t0, self._fwd_s = t0, None
             if self._save_due and step > self._last_saved_step:
-                self._save(step)
+                try:
+                    self._save(step)
+                except Exception as e:
+                    if not self._survivable(e):
+                        raise
+                    self._note_error(e)
+                    step = self._rejoin_in_place()
+                    continue
             self._save_due = False
             self._faults.before_step(step)
             if self.supervised:
@@ -410,6 +570,9 @@ class Run:
                 raise
             if not self._ctrl_done:
                 self._control(None)
+            if self._in_place and self._round_error() is not None:
+                step = self._rejoin_in_place()  # this step is discarded: the state rolls back
+                continue
             dt = time.monotonic() - t0
             if self.is_main:
                 self._record_step(step, dt)
@@ -456,6 +619,8 @@ class Run:
             self._progressed = True
         mean = self._control(value)
         assert mean is not None
+        if self._errored is not None:
+            return mean  # a discarded step: not one for the guard's history
         self._last_loss = round(mean, 6) if mean == mean else None
         reason = self._guard.check(mean)
         if reason is not None:
@@ -579,7 +744,7 @@ def init(**kwargs: Any) -> Run:
         if os.environ.get(Env.CONTROL_FD):
             _exit_config_error(str(e))
         raise
-    return Run(settings)
+    return Run(settings, kwargs)
 
 
 def _exit_config_error(message: str) -> NoReturn:

@@ -103,6 +103,12 @@ class StateMapper:
             )
         self._resharding = True
 
+    def drop_gradients(self) -> None:
+        """Every gradient of the model to None, as a fresh process has them (a discarded step's)."""
+        if self.model is not None:
+            for p in self.model.parameters():
+                p.grad = None
+
     def collect(self) -> dict[str, Any]:
         """The current state as a nested dict of tensors and plain values (references, not copies)."""
         sd: dict[str, Any] = {}

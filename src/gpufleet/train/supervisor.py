@@ -7,6 +7,7 @@ restart. Every decision is a ledger event; ``gpufleet report`` derives MTBF/MTTR
 
 from __future__ import annotations
 
+import functools
 import signal
 import time
 import uuid
@@ -247,7 +248,9 @@ class Supervisor:
             restarts += 1
             attempt += 1
             if in_process:
-                carried = self.backend.replace(run, {failure.rank}, self._spec(attempt))
+                carried = self.backend.replace(
+                    run, {failure.rank}, self._spec(attempt), rejoined=functools.partial(self._rejoins, mon)
+                )
                 if carried is None:
                     fallback = f"the {self.backend.name} backend could not keep the survivors"
                     run.stop(self.cfg.grace_s)
@@ -257,6 +260,18 @@ class Supervisor:
             run.close()  # after a handover: only what the next attempt did not take
             path = E.RestartPath.IN_PROCESS if carried is not None else E.RestartPath.FULL
             ledger.emit(E.Restart(attempt=attempt, reason=failure.cause.value, path=path, fallback=fallback))
+
+    def _rejoins(self, mon: AttemptMonitor, ranks: list[int]) -> bool | None:
+        """Wait for these survivors' ``rejoin`` events (they follow the lost rank's death within a
+        collective's error): True when every one stays in place, False when one runs its script again,
+        None when one has not come within the hang timeout (it is stuck: restart the whole attempt)."""
+        deadline = time.monotonic() + self.cfg.hang_timeout_floor
+        while any(r not in mon.rejoined for r in ranks):
+            left = deadline - time.monotonic()
+            if left <= 0 or any(code is not None for r, code in mon.run.poll().items() if r in ranks):
+                return None
+            mon.pump(min(left, 0.002))
+        return all(mon.rejoined[r] for r in ranks)
 
     @staticmethod
     def _failed_at(failure: _Failure, mon: AttemptMonitor) -> int:

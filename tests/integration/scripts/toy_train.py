@@ -23,6 +23,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--sleep", type=float, default=0.0)
     ap.add_argument("--width", type=int, default=32)
+    # A collective of the script's own in the loop (the run API cannot absorb its error in place)
+    ap.add_argument("--user-allreduce", action="store_true")
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
@@ -47,6 +49,8 @@ def main() -> None:
         seen.append(step)
         loss = nn.functional.mse_loss(model(data[idx]), target[idx])
         loss.backward()
+        if args.user_allreduce:
+            torch.distributed.all_reduce(loss.detach().clone())
         run.log(loss=loss)
         optim.step()
         sched.step()
