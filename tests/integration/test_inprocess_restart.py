@@ -93,6 +93,32 @@ def test_a_scripts_own_collective_rejoins_by_running_the_script_again(tmp_path, 
     assert final_sha(tmp_path) == reference_sha
 
 
+def test_without_a_hot_spare_every_rank_of_the_round_builds_again(tmp_path, reference_sha):
+    # Rank 1's spares die while they build, so the lost rank 1 has no spare: every rank of the next
+    # round runs the script (a survivor in place, or rank 0's spare, beside a rank that builds would
+    # deadlock: DDP's constructor is a collective only the building ranks call). Whether rank 1's spare
+    # was already dead at the failure (an in-process round told to rebuild) or died once promoted (a
+    # second failure, then a full restart), the run completes, bit-identical.
+    p = gpufleet_run(
+        tmp_path,
+        "--in-process-restart",
+        "--inject",
+        "kill:rank=1,step=20,settle=1",
+        steps=30,
+        extra=("--rank1-spares-fail", "--sleep", "0.05"),
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    restarts = _evs(tmp_path, "restart")
+    assert restarts[0]["path"] == "in_process"
+    ready = _evs(tmp_path, "worker_ready")
+    last = max(e["attempt"] for e in ready)
+    assert last >= 1
+    finals = [e for e in ready if e["attempt"] == last]
+    assert sorted(e["rank"] for e in finals) == [0, 1]
+    assert not any(e["hot_spare"] for e in finals)  # the round that completed was built by every rank
+    assert final_sha(tmp_path) == reference_sha
+
+
 def test_repeated_failure_at_one_step_falls_back_to_a_full_restart(tmp_path, reference_sha):
     # persist=1: the kill fires again at step 12 after the first (in-process) restart.
     p = gpufleet_run(

@@ -17,9 +17,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
@@ -51,6 +53,10 @@ def python_entry(command: list[str]) -> tuple[list[str], bool] | None:
     return None
 
 
+# How long a failure waits for the lost rank's spare to finish building before the round rebuilds.
+_SPARE_BUILD_WAIT_S = 120.0
+
+
 @dataclass
 class _Standby:
     proc: subprocess.Popen[bytes]
@@ -60,6 +66,11 @@ class _Standby:
     # run.restore, before any failure; None: a plain standby, which waits with torch imported.
     rank: int | None = None
     world: int | None = None
+    ready_path: str | None = None  # the spare creates it once built, waiting in run.restore
+
+    def hot(self) -> bool:
+        """A spare that finished building and still waits for its promotion."""
+        return self.ready_path is not None and os.path.exists(self.ready_path) and self.proc.poll() is None
 
 
 class LocalBackend(Backend):
@@ -93,6 +104,7 @@ class LocalBackend(Backend):
         self.dropped: list[int] = []
         self._strikes: tuple[int, int] | None = None  # (slot, consecutive failures blamed on it)
         self._standbys: list[_Standby] = []
+        self._spare_dir: str | None = None  # where hot spares say they are built
         self._plans: dict[tuple[int, str], list[RankResources]] = {}
         self._noted = False
 
@@ -120,7 +132,11 @@ class LocalBackend(Backend):
         sb = self._spawn_standby(spec, res, eager=eager)
         env, threads = self._rank_env(spec, local_rank)
         rank = int(env["RANK"])
+        if self._spare_dir is None:
+            self._spare_dir = tempfile.mkdtemp(prefix="gpufleet-spares-")
+        sb.ready_path = os.path.join(self._spare_dir, f"{sb.proc.pid}.ready")
         env[Env.SPARE] = str(rank)
+        env[Env.SPARE_READY] = sb.ready_path
         self._order(sb, spec, env, res, threads, rank)
         sb.rank, sb.world = rank, spec.world_size
         return sb
@@ -226,7 +242,18 @@ class LocalBackend(Backend):
         return _attempt(spec, launched)
 
     def _spare_for(self, rank: int, world: int) -> bool:
-        return any((sb.rank, sb.world) == (rank, world) and sb.proc.poll() is None for sb in self._standbys)
+        """Whether this rank has a hot spare. One still building is waited for (a rebuild would build
+        the same things from further back); one whose build failed, or that outlasts the wait, is not."""
+        mine = [sb for sb in self._standbys if (sb.rank, sb.world) == (rank, world)]
+        live = [sb for sb in mine if sb.proc.poll() is None]
+        if not live:
+            return False
+        deadline = time.monotonic() + _SPARE_BUILD_WAIT_S
+        while not live[0].hot():
+            if live[0].proc.poll() is not None or time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
 
     def _rank_env(self, spec: LaunchSpec, local_rank: int) -> tuple[dict[str, str], bool]:
         """A rank's environment for ``spec``, and whether the thread variables were set by gpufleet."""
@@ -324,6 +351,8 @@ class LocalBackend(Backend):
     def close(self) -> None:
         self._discard_standbys()
         self._store = None
+        if self._spare_dir is not None:
+            shutil.rmtree(self._spare_dir, ignore_errors=True)
 
     # -- helpers -------------------------------------------------------------------------------
     def active_slots(self, spec: LaunchSpec) -> list[int]:
@@ -355,12 +384,15 @@ class LocalBackend(Backend):
             self._standbys.remove(sb)
             os.close(sb.read_fd)
             os.close(sb.write_fd)
-        for wanted in ((rank, world), (None, None)):
-            for sb in self._standbys:
-                if (sb.rank, sb.world) == wanted:
-                    self._standbys.remove(sb)
-                    return sb
-        return None
+        for sb in self._standbys:
+            if (sb.rank, sb.world) == (rank, world) and sb.hot():
+                self._standbys.remove(sb)
+                return sb
+        for sb in self._standbys:
+            if sb.rank is None:
+                self._standbys.remove(sb)
+                return sb
+        return None  # a spare still building stays for a later failure
 
     def _discard_standbys(self) -> None:
         for sb in self._standbys:

@@ -48,6 +48,7 @@ class Env(StrEnum):
     STANDBY_EAGER = "GPUFLEET_STANDBY_EAGER"
     IN_PROCESS = "GPUFLEET_IN_PROCESS"  # "1": this rank may rejoin a new round in place (train/inprocess.py)
     SPARE = "GPUFLEET_SPARE"  # a hot spare's rank guess: it builds and waits in run.restore (train/run.py)
+    SPARE_READY = "GPUFLEET_SPARE_READY"  # the file a hot spare creates once built (backends/local.py)
     AGENT_SPEC = "GPUFLEET_AGENT_SPEC"
     AGENT_GRACE = "GPUFLEET_AGENT_GRACE"
     # Health (docs/health.md).

@@ -10,6 +10,7 @@ import argparse
 import hashlib
 import json
 import os
+import sys
 
 import torch
 import torch.nn as nn
@@ -25,7 +26,11 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=32)
     # A collective of the script's own in the loop (the run API cannot absorb its error in place)
     ap.add_argument("--user-allreduce", action="store_true")
+    # Rank 1's hot spares fail while they build (before gpufleet.init): rank 1 has no spare to promote
+    ap.add_argument("--rank1-spares-fail", action="store_true")
     args = ap.parse_args()
+    if args.rank1_spares_fail and os.environ.get("GPUFLEET_SPARE") == "1":
+        sys.exit(1)
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
 
