@@ -44,6 +44,12 @@ def test_demo_recovers_from_every_fault_with_identical_weights(tmp_path: Path) -
     # The crash and the hang take the in-process path; the NaN rolls every rank back (full restart).
     paths = {e["reason"]: e["path"] for e in restarts}
     assert paths == {"crash": "in_process", "hang": "in_process", "spike": "full"}, restarts
+    # ... in place: the survivor kept its model (whose causal-mask buffer DDP broadcasts in every
+    # forward, where the failure meets it first) and the lost rank's hot spare joined it.
+    rejoins = [e for e in events if e["ev"] == E.Rejoin.kind]
+    assert len(rejoins) == 2 and all(e["in_place"] for e in rejoins), rejoins
+    ready = [e for e in events if e["ev"] == E.WORKER_READY and e["attempt"] in (1, 2)]
+    assert sum(e["hot_spare"] for e in ready) == 2, ready
     assert any(e["ev"] == E.RESTORE_REJECTED for e in events)  # the corrupted checkpoint
     assert [e["status"] for e in events if e["ev"] == E.RUN_END] == ["completed"]
 

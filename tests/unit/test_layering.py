@@ -270,6 +270,10 @@ PRIVATE_ALLOWED = {
     # without having to reinitialize DDP"); in-place rejoin and hot spares need it (train/exactddp.py)
     ("gpufleet/train/exactddp.py", "ddp._update_process_group"),
     ("gpufleet/train/exactddp.py", "self.ddp._update_process_group"),
+    # DDP's hook for its per-forward buffer broadcast, and that broadcast itself (the hook runs it as
+    # DDP does, absorbing a dead peer's error for in-place rejoin)
+    ("gpufleet/train/exactddp.py", "ddp._register_buffer_comm_hook"),
+    ("gpufleet/train/exactddp.py", "self.ddp._default_broadcast_coalesced"),
 }
 
 

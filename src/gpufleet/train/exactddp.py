@@ -105,6 +105,19 @@ class ExactBuckets:
         self.errored = self.errored or e
         return _done(buf)
 
+    def sync_buffers(self, named_buffers: dict[str, torch.Tensor]) -> None:
+        """DDP's own buffer broadcast from rank 0 (each forward), with a dead peer's error absorbed as
+        the gradient hook absorbs it: a model with buffers (a causal mask, BatchNorm statistics) meets
+        the failure in its forward, before any gradient is all-reduced."""
+        if self.errored is not None:
+            return
+        try:
+            self.ddp._default_broadcast_coalesced(authoritative_rank=0)  # what DDP does without a hook
+        except Exception as e:
+            if self.tolerate is None or not self.tolerate(e):
+                raise
+            self.errored = e
+
     def rejoin(self, group: Any, saved: Layout | None) -> None:
         """A new round in place: DDP and this hook on ``group``, and the first synced backward replays
         ``saved`` (the restored checkpoint's layout), as a fresh rank's does."""
@@ -157,6 +170,10 @@ def _done(buf: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     fut.set_result(buf)
     return fut
+
+
+def _buffer_hook(state, named_buffers):  # type: ignore[no-untyped-def]
+    state.sync_buffers(named_buffers)  # synchronous, like DDP's default: no futures to install
 
 
 def _hook(state, bucket):  # type: ignore[no-untyped-def]
@@ -220,6 +237,12 @@ class DDPWatcher:
                 ddp._update_process_group(_default_group())  # torch's API for a re-formed world
             self.exact = ExactBuckets(ddp, self.saved, self.tolerate)
             ddp.register_comm_hook(self.exact, _hook)
+            if self.tolerate is not None and not hasattr(ddp, "buffer_hook"):  # not the script's own
+                from torch.nn.parallel.distributed import _BufferCommHookLocation
+
+                ddp._register_buffer_comm_hook(
+                    self.exact, _buffer_hook, comm_hook_location=_BufferCommHookLocation.PRE_FORWARD
+                )
 
     def errored(self) -> BaseException | None:
         """The collective error the hook swallowed this round (in-place rejoin), if any."""
