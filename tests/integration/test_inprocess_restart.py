@@ -72,16 +72,19 @@ def test_crash_and_hang_recover_in_process_bit_identical(tmp_path, reference_sha
     assert final_sha(tmp_path) == reference_sha
 
 
-def test_a_scripts_own_collective_rejoins_by_running_the_script_again(tmp_path, reference_sha):
-    # The script all-reduces a value of its own: that error escapes the step, so the survivor cannot
-    # stay in place; the harness catches it and runs the script again in the same process.
+@pytest.mark.parametrize("script_flag", ["--user-allreduce", "--own-comm-hook"])
+def test_a_scripts_own_collective_rejoins_by_running_the_script_again(tmp_path, reference_sha, script_flag):
+    # The script all-reduces a value of its own, or gives DDP its own communication hook: the dead
+    # peer's error escapes the step (the run cannot absorb it, nor move that DDP to a new group), so
+    # the survivor cannot stay in place; the harness catches it and runs the script again in the
+    # same process, and the round's other ranks build too.
     p = gpufleet_run(
         tmp_path,
         "--in-process-restart",
         "--inject",
         "kill:rank=1,step=12,settle=1",
         steps=30,
-        extra=("--user-allreduce",),
+        extra=(script_flag,),
     )
     assert p.returncode == 0, p.stderr[-3000:]
     (restart,) = _evs(tmp_path, "restart")

@@ -217,6 +217,7 @@ class DDPWatcher:
         self.saved = saved
         self.tolerate = tolerate
         self.exact: ExactBuckets | None = None
+        self.foreign = False  # found a DDP it cannot hook (the script's own hook, static graph, ...)
         self._handle: Any = None
         if isinstance(model, DistributedDataParallel):
             self._attach(model)
@@ -230,6 +231,8 @@ class DDPWatcher:
             self.stop_watching()
 
     def _attach(self, ddp: DistributedDataParallel) -> None:
+        if self.exact is None and not _supported(ddp):
+            self.foreign = True
         if self.exact is None and _supported(ddp):
             if self.tolerate is not None and _stale(ddp.process_group):
                 # Built before this round's group (a hot spare's placeholder group, or the group of

@@ -185,7 +185,10 @@ class Run:
 
     # ------------------------------------------------------------------ rounds in place
     def _survivable(self, exc: BaseException) -> bool:
-        if not self._in_place:
+        """Whether this error is a dead peer's that the step boundary can absorb. Not with a DDP the run
+        cannot move to a new group (one with the script's own communication hook): its error escapes
+        the step, and the in-process harness takes over (it runs the script again)."""
+        if not self._in_place or (self._ddp is not None and self._ddp.foreign):
             return False
         return survivable(exc)
 

@@ -26,6 +26,8 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=32)
     # A collective of the script's own in the loop (the run API cannot absorb its error in place)
     ap.add_argument("--user-allreduce", action="store_true")
+    # DDP with the script's own communication hook (torch's plain all-reduce hook)
+    ap.add_argument("--own-comm-hook", action="store_true")
     # Rank 1's hot spares fail while they build (before gpufleet.init): rank 1 has no spare to promote
     ap.add_argument("--rank1-spares-fail", action="store_true")
     args = ap.parse_args()
@@ -43,6 +45,10 @@ def main() -> None:
     )
     if run.world_size > 1:
         model = DDP(model, device_ids=[dev] if dev.type == "cuda" else None)
+        if args.own_comm_hook:
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            model.register_comm_hook(None, default_hooks.allreduce_hook)
     optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.StepLR(optim, step_size=20, gamma=0.5)
     sampler = gpufleet.StepSampler(len(data), 16, seed=3, rank=run.rank, world_size=run.world_size)
