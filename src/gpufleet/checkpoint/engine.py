@@ -300,6 +300,7 @@ class CheckpointEngine:
                 self._report_staged(job)
             if self.rank == 0:
                 files = self._commit(job, writer, tmp, final)
+                self._published(job, final, files, time.perf_counter() - t0)
         except BaseException as e:  # noqa: BLE001 - a background thread must report every failure
             ok, reason = False, failure_reason(e)
             job.stage.abandon(e)  # a copy that never ran must not keep the training waiting
@@ -307,7 +308,6 @@ class CheckpointEngine:
             status = [(ok, reason)]
             dist.broadcast_object_list(status, src=0, group=self.pg)  # rank 0's commit is the verdict
             ok, reason = status[0]
-        persist_s = time.perf_counter() - t0
         if not ok:
             if stream is not None:
                 stream.abort()
@@ -316,11 +316,16 @@ class CheckpointEngine:
                 self._emit(E.CkptFailed(step=job.step, reason=reason))
             self._error = f"checkpoint at step {job.step} failed: {reason}"
             return
-        if self.rank != 0:
-            if self._peer is not None:
-                self._peer.keep(job.step, final)
-            return
-        assert files is not None
+        if self._peer is not None:
+            self._peer.keep(job.step, final)
+        if self.rank == 0 and self.config.upload_url:
+            self._upload(job.step, final, stream)
+
+    def _published(self, job: _Job, final: Path, files: dict[str, FileEntry], persist_s: float) -> None:
+        """Rank 0, once the commit is on disk: its event, retention, and this node's memory copy, all
+        before the other ranks hear the verdict. So every rank's save ends with the copy in memory: a
+        rank that waits for its save (a settling fault drill, a final checkpoint) knows the newest
+        commit can restore from memory, not only that it is on disk."""
         nbytes = sum(f.bytes for f in files.values())
         self._emit(
             E.CkptCommitted(
@@ -337,10 +342,6 @@ class CheckpointEngine:
         self._retain()
         if self._keeper is not None:
             self._keep_in_memory(job.step, final)
-        if self._peer is not None:
-            self._peer.keep(job.step, final)
-        if self.config.upload_url:
-            self._upload(job.step, final, stream)
 
     def _keep_in_memory(self, step: int, final: Path) -> None:
         """Copy a commit into the memory tier (verified while copied); never fails the save."""
