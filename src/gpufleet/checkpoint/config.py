@@ -28,6 +28,14 @@ class CheckpointConfig:
     direct_io: bool = True  # O_DIRECT shard writes where the filesystem supports it
     memory_bytes: int = 0  # in-memory tier budget (memtier.py); 0: off
     memory_dir: str | None = None  # the tier's keeper directory (default: memtier.keeper_dir(dir))
+    # Keep the newest commit's staged copy whole in this process (checkpoint/snapshot.py): a survivor
+    # of an in-process restart rolls back from it. Costs the staging of the tensors DCP's
+    # deduplication gives other ranks: their copy and memory (about (world_size-1)/world_size of a
+    # replicated state more per rank).
+    keep_snapshot: bool = False
+    # A reader only (a hot spare preloading commits): never removes a killed save's temp directories
+    # nor owns the memory tier; only ``load`` is meant to be used.
+    read_only: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.dir, str) or not self.dir.strip():

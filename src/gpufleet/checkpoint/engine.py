@@ -42,6 +42,7 @@ from gpufleet.checkpoint.onepass import ScratchPool
 from gpufleet.checkpoint.peer import PeerTier
 from gpufleet.checkpoint.reader import FastReader, MemReader
 from gpufleet.checkpoint.retention import select_deletions
+from gpufleet.checkpoint.snapshot import Snapshot
 from gpufleet.checkpoint.staging import StageJob, Stager, tensor_layout
 from gpufleet.checkpoint.verify import hash_file
 from gpufleet.checkpoint.writer import SummingWriter
@@ -131,7 +132,10 @@ class CheckpointEngine:
         world_size: int = 1,
         process_group: Any = None,
         sink: EventSink | None = None,
+        previous: CheckpointEngine | None = None,
     ) -> None:
+        """``previous``: this rank's engine of an earlier round (an in-process restart re-forms the
+        groups, so the engine is made again): its staging buffers and snapshot carry over."""
         if world_size < 1 or not 0 <= rank < world_size:
             raise ConfigError(f"bad rank/world_size: {rank}/{world_size}")
         self.config = config
@@ -150,7 +154,8 @@ class CheckpointEngine:
             if self.pg is None:
                 self.pg = dist.new_group(backend="gloo")
             self._ctl = dist.new_group(backend="gloo")
-        self._stager = Stager()
+        # The newest commit's whole staged copy (config.keep_snapshot): a rollback in place uses it.
+        self._stager, self._snapshot = previous.hand_over() if previous is not None else (Stager(), None)
         # After a distributed save: its tensor layout and the tensors DCP gave to other ranks.
         self._elsewhere: tuple[Any, frozenset[str]] | None = None
         self._pool = ScratchPool()  # restore scratch, reused across loads
@@ -164,7 +169,7 @@ class CheckpointEngine:
         self._memory_warned = False
         # Ranks on several nodes: node parts replicated to a peer node's keeper instead (peer.py).
         self._peer: PeerTier | None = None
-        if config.memory_bytes > 0:
+        if config.memory_bytes > 0 and not config.read_only:
             self._memory = Path(config.memory_dir) if config.memory_dir else keeper_dir(config.dir)
             if self._distributed:
                 self._peer = PeerTier.setup(self._memory, config.memory_bytes, rank, self.pg, sink)
@@ -172,7 +177,7 @@ class CheckpointEngine:
                 self._memory = None  # the keeper holds node parts: peer.py restores them
             elif rank == 0:
                 self._keeper = MemoryKeeper(self._memory, config.memory_bytes)
-        if rank == 0:
+        if rank == 0 and not config.read_only:
             self.root.mkdir(parents=True, exist_ok=True)
             for p in self.root.glob("step_*.tmp"):
                 shutil.rmtree(p, ignore_errors=True)  # temp dirs of killed attempts: never committed
@@ -218,9 +223,11 @@ class CheckpointEngine:
             self._join()
         skip = None
         layout = tensor_layout(state_dict) if self._distributed else None
-        if self._elsewhere is not None and self._elsewhere[0] == layout:
+        keep = self.config.keep_snapshot
+        if self._elsewhere is not None and self._elsewhere[0] == layout and not keep:
             skip = self._elsewhere[1].__contains__
-        stage = self._stager.stage(state_dict, deferred, skip, at_plan=self._distributed)
+        self._snapshot = None  # its buffers are about to be overwritten; a commit makes the next one
+        stage = self._stager.stage(state_dict, deferred, skip, at_plan=self._distributed and not keep)
         job = _Job(step, stage, copy.deepcopy(meta or {}), fault, 0.0)
         job.layout = layout
         job.thread = threading.Thread(
@@ -316,6 +323,11 @@ class CheckpointEngine:
                 self._emit(E.CkptFailed(step=job.step, reason=reason))
             self._error = f"checkpoint at step {job.step} failed: {reason}"
             return
+        # A failure nobody waited for is superseded: the newest state is committed. (It used to reach
+        # run.finish()'s wait and fail a run whose later checkpoints had all committed.)
+        self._error = None
+        if self.config.keep_snapshot:
+            self._snapshot = Snapshot.of(job.step, str(final), job.meta, job.stage.staged)
         if self._peer is not None:
             self._peer.keep(job.step, final)
         if self.rank == 0 and self.config.upload_url:
@@ -573,6 +585,19 @@ class CheckpointEngine:
             state_dict=state_dict,
             missing=missing,
         )
+
+    def snapshot(self, max_step: int | None = None) -> Snapshot | None:
+        """The newest commit's staged copy (``config.keep_snapshot``), if no save has staged since and its
+        step is <= ``max_step``; not verified here (:meth:`Snapshot.verify`)."""
+        snap = self._snapshot
+        if snap is None or (max_step is not None and snap.step > max_step):
+            return None
+        return snap
+
+    def hand_over(self) -> tuple[Stager, Snapshot | None]:
+        """What a successor engine (a new process group, same objects) takes over from this one: the
+        staging buffers and the newest commit's snapshot, so neither is allocated or lost again."""
+        return self._stager, self._snapshot
 
     def close(self) -> None:
         """Finish the in-flight checkpoint (errors were already reported as CKPT_FAILED)."""
