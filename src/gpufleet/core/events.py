@@ -177,6 +177,7 @@ class RestoreSource(enum.StrEnum):
     """Where a restored checkpoint came from."""
 
     MEMORY = "memory"  # this node's in-memory tier (docs/checkpoints.md, "Memory tier")
+    PROCESS = "process"  # the rank's own copy of the commit, kept in its process (an in-place rollback)
     PEER_MEMORY = "peer_memory"  # another node's in-memory tier
     LOCAL = "local"
     S3 = "s3"
@@ -424,6 +425,9 @@ class Restore(Event):
     path: str | None = None  # the checkpoint directory
     source: RestoreSource | None = None  # where it came from
     saved_world_size: int | None = None  # the checkpoint's world size, when it differs from this run's
+    # Nothing read at the restore: every rank of an in-place round held the commit already (a
+    # survivor's own copy, ``source: process``; a hot spare's preload, read from ``source`` earlier).
+    preloaded: bool = False
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -34,6 +34,9 @@ from gpufleet.train.faults import FaultInjector, faults_from_env
 from gpufleet.train.peerloss import survivable
 from gpufleet.train.spike import SpikeGuard
 from gpufleet.train.statedict import StateMapper
+
+if TYPE_CHECKING:  # the engine is imported where it is first made: not in a rank that never saves
+    from gpufleet.checkpoint import CheckpointEngine, LoadResult
 
 __all__ = ["Run", "init", "SpikeDetected", "RebuildRound"]
 
@@ -149,6 +152,11 @@ class Run:
         self._mapper: StateMapper | None = None
         self._ddp: Any = None  # exactddp.DDPWatcher with 3+ ranks or in place: exact resume, rejoin
         self._restored_layout: Any = None  # the restored checkpoint's DDP bucket layout
+        # In place (train/held.py): the last round's engine, whose staging buffers and snapshot the next
+        # one takes over; a spare's reader of commits and what it preloaded into its objects.
+        self._carry: Any = None
+        self._reader: Any = None
+        self._held: Any = None
         self._emptied: list[tuple[dict[str, Any], Any]] = []  # param lists a discarded step set aside
         self._start = 0
         self.step = 0
@@ -237,13 +245,44 @@ class Run:
         if ready:  # built: the backend may now promote it as it is (a spare still building is not hot)
             with open(ready, "w"):
                 pass
-        _read_order()
+        preloader = None
+        if self._in_place:  # each new commit loaded into the objects while it waits (train/held.py)
+            from gpufleet.train.held import Preloader
+
+            preloader = Preloader(self.settings.ckpt_dir, self.settings.rollback.max_step, self._preload)
+            preloader.start()
+        try:
+            _read_order()
+        finally:
+            if preloader is not None:
+                preloader.stop()
         rank = int(os.environ.get("RANK", "0"))
         if rank != self._spare:
             raise RebuildRound(f"a spare built for rank {self._spare} was promoted to rank {rank}")
         self._spare = None
         dist.destroy_process_group()
         self._reform(hot_spare=True)
+        if preloader is not None:
+            self._held = preloader.catch_up(self.settings.rollback.max_step)
+            self._carry, self._reader = self._reader, None  # its staging buffers serve the saves
+
+    def _preload(self, step: int) -> Any:
+        """A hot spare's verified load of commit ``step`` into its objects, on its own (it has no group
+        yet): what it holds at its promotion (train/held.py), or None when there is nothing to load."""
+        from gpufleet.checkpoint import CheckpointConfig, CheckpointEngine
+        from gpufleet.train.held import Held
+
+        assert self._mapper is not None
+        if self._reader is None:
+            cfg = CheckpointConfig(dir=str(self.settings.ckpt_dir), read_only=True)
+            self._reader = CheckpointEngine(cfg, rank=0, world_size=1)
+        result = self._load_primed(self._reader, step)
+        if result is None:
+            return None
+        skips = self._apply_loaded(result.state_dict, int(result.step), result.meta, preload=True)
+        return Held(
+            step=int(result.step), path=result.path, source=result.source, meta=result.meta, skips=skips
+        )
 
     def _rejoin_in_place(self) -> int:
         """A peer died during this step: discard the step, leave the broken round without a collective,
@@ -256,6 +295,8 @@ class Run:
                 self._engine.wait(timeout=_ABANDON_WAIT_S)  # a save that needed the dead peer stops
             except Exception:  # noqa: BLE001 - the ledger has it (ckpt_failed); the new round saves again
                 pass
+            if not self._engine.persisting():  # its buffers are nobody's now: the next engine takes them
+                self._carry = self._engine
         self._engine = None  # bound to the broken groups; restore makes a new one
         try:
             dist.destroy_process_group()  # the default group and every group made from it
@@ -296,6 +337,7 @@ class Run:
                 keep_last=s.keep_last,
                 keep_window_steps=s.spike_window,
                 memory_bytes=self._memory_budget(),
+                keep_snapshot=self._in_place,  # a survivor rolls back from it (train/held.py)
             )
             self._engine = CheckpointEngine(
                 cfg,
@@ -303,7 +345,13 @@ class Run:
                 world_size=self.world_size,
                 process_group=self._ckpt_pg,
                 sink=_ObservingSink(self.sink, self._ckpt_obs),
+                previous=self._carry,
             )
+            if self._carry is not None:
+                # The last round's engine goes on a thread: the teardown of its (already destroyed)
+                # gloo groups joins their threads, 19 ms measured on a survivor's way back to training.
+                old, self._carry = [self._carry], None
+                threading.Thread(target=old.clear, name="gpufleet-release", daemon=True).start()
             mtbf, source = self._mtbf_estimate()
             self._policy = IntervalPolicy.parse(s.checkpoint_every, mtbf_s=mtbf, mtbf_source=source)
         return self._engine
@@ -368,20 +416,17 @@ class Run:
             self._ddp = DDPWatcher(self._mapper.model, saved=self._restored_layout, tolerate=tolerate)
         return self._start
 
-    def _load_state(self) -> int:
-        """Load the newest verified checkpoint into the restore dict's objects (those of a fresh start,
-        or a survivor's own, rolled back in place); sets the step to resume at."""
+    def _load_primed(self, engine: CheckpointEngine, max_step: int | None) -> LoadResult | None:
+        """The newest verified commit at or below ``max_step`` loaded into the objects, or None.
+
+        The load's template needs optimizer state: shaped from the checkpoint's metadata where it
+        can be, else torch makes it with a fake step. It is made only once there is a checkpoint
+        to load (a fresh start makes none), and an optimizer that had no state gets none back
+        when nothing is loaded: a fresh run starts as the same script would without us (a fake
+        AdamW step leaves step=1 behind and changes every later update)."""
         assert self._mapper is not None
-        engine = self._ensure_engine()
-        max_step = self.settings.rollback.max_step
-        t0 = time.monotonic()
-        # The load's template needs optimizer state: shaped from the checkpoint's metadata where it
-        # can be, else torch makes it with a fake step. It is made only once there is a checkpoint
-        # to load (a fresh start makes none), and an optimizer that had no state gets none back
-        # when nothing is loaded: a fresh run starts as the same script would without us (a fake
-        # AdamW step leaves step=1 behind and changes every later update).
-        stateless = [opt for opt in self._mapper.optimizers if not opt.state]
         mapper = self._mapper
+        stateless = [opt for opt in mapper.optimizers if not opt.state]
 
         def template() -> dict[str, Any]:
             mapper.prime_optimizers(engine.newest_metadata(max_step))
@@ -390,32 +435,33 @@ class Run:
             return sd
 
         try:
-            result = engine.load(template, max_step=max_step, optional=self._mapper.rank_entries())
+            result = engine.load(template, max_step=max_step, optional=mapper.rank_entries())
         except BaseException:
-            self._mapper.unprime(stateless)
+            mapper.unprime(stateless)
             raise
+        if result is None:
+            mapper.unprime(stateless)
+        return result
+
+    def _load_state(self) -> int:
+        """Load the newest verified checkpoint into the restore dict's objects (those of a fresh start,
+        or a survivor's own, rolled back in place); sets the step to resume at."""
+        assert self._mapper is not None
+        engine = self._ensure_engine()
+        max_step = self.settings.rollback.max_step
+        t0 = time.monotonic()
+        if self._in_place and self._restore_held(engine, max_step, t0):
+            return self._start
+        result = self._load_primed(engine, max_step)
         self._restored_layout = None
         if result is None:
-            self._mapper.unprime(stateless)
             self.sink.emit(E.Restore(step=0, fresh=True, load_s=round(time.monotonic() - t0, 4)))
             self._start = 0
         else:
-            sd = result.state_dict
             saved_world = result.meta.get("world_size")
-            try:
-                self._mapper.check_world_size(saved_world, self.world_size)
-                self._mapper.apply(sd, step=int(result.step))
-            except ConfigError as e:  # the objects no longer fit the checkpoint (a changed data loader)
-                if self.supervised:
-                    _exit_config_error(str(e))
-                raise
-            internal = sd.get("_gpufleet", {})
-            if "guard" in internal:
-                self._guard.load_state_dict(internal["guard"])
+            skips = self._apply_loaded(result.state_dict, int(result.step), result.meta)
             # Skip windows decided by the supervisor win over those saved with the checkpoint.
-            self._skips = self._skips or [list(w) for w in internal.get("skips", [])]
-            self._start = int(result.step)
-            self._restored_layout = result.meta.get("ddp_buckets")
+            self._skips = self._skips or skips
             self.sink.emit(
                 E.Restore(
                     step=self._start,
@@ -427,10 +473,94 @@ class Run:
                     saved_world_size=saved_world if saved_world != self.world_size else None,
                 )
             )
-        self._last_saved_step = self._start
-        self.step = self._start
-        self._policy.reset(self._start, time.time())
+        self._resume_at(self._start)
         return self._start
+
+    def _resume_at(self, step: int) -> None:
+        self._start = self._last_saved_step = self.step = step
+        self._policy.reset(step, time.time())
+
+    def _apply_loaded(
+        self, sd: dict[str, Any], step: int, meta: dict[str, Any], *, preload: bool = False
+    ) -> list[list[int]]:
+        """Put a loaded state dict (of commit ``step``) into the objects; returns its skip windows.
+        ``preload``: a spare's, on its preload thread: an error is the preload's, not the process's."""
+        assert self._mapper is not None
+        try:
+            self._mapper.check_world_size(meta.get("world_size"), self.world_size)
+            self._mapper.apply(sd, step=step)
+        except ConfigError as e:  # the objects no longer fit the checkpoint (a changed data loader)
+            if self.supervised and not preload:
+                _exit_config_error(str(e))
+            raise
+        internal = sd.get("_gpufleet", {})
+        if "guard" in internal:
+            self._guard.load_state_dict(internal["guard"])
+        self._start = step
+        self._restored_layout = meta.get("ddp_buckets")
+        return [list(w) for w in internal.get("skips", [])]
+
+    def _restore_held(self, engine: Any, max_step: int | None, t0: float) -> bool:
+        """In place: restore from what every rank of the round already holds (train/held.py), when all
+        hold the newest commit: a survivor its engine's snapshot, a promoted spare its preload. False:
+        the round loads from storage. A collective: every rank of the round calls it."""
+        from gpufleet.checkpoint.snapshot import SnapshotMismatch
+        from gpufleet.train.held import agree, newest_commit
+
+        assert self._mapper is not None
+        held, self._held = self._held, None
+        snap = engine.snapshot(max_step)
+        step: int | None = None
+        template: dict[str, Any] | None = None
+        if snap is not None:
+            t_verify = time.monotonic()
+            reason = snap.verify()
+            if reason is None and self.is_main:
+                self.sink.emit(
+                    E.CkptVerified(
+                        step=snap.step,
+                        path=snap.path,
+                        verify_s=round(time.monotonic() - t_verify, 6),
+                        source=E.RestoreSource.PROCESS,
+                    )
+                )
+            if reason is None:
+                template = self._mapper.collect()
+                template["_gpufleet"] = self._internal_state()
+                try:
+                    snap.check(template)
+                    step = snap.step
+                except SnapshotMismatch as e:
+                    reason, template = str(e), None
+            if reason is not None:
+                self.sink.emit(
+                    E.RestoreRejected(path=snap.path, step=snap.step, reason=f"in-process copy: {reason}")
+                )
+        elif held is not None and (max_step is None or held.step <= max_step):
+            step = held.step
+        if not agree(step, newest_commit(self.settings.ckpt_dir, max_step), self._ctl_pg):
+            return False
+        assert step is not None
+        if template is not None and snap is not None:
+            snap.copy_into(template)
+            skips = self._apply_loaded(template, step, snap.meta)
+            path, source = snap.path, E.RestoreSource.PROCESS
+        else:
+            assert held is not None
+            skips, path, source = held.skips, held.path, E.RestoreSource(held.source)
+        self._skips = self._skips or skips
+        self.sink.emit(
+            E.Restore(
+                step=step,
+                fresh=False,
+                path=path,
+                source=source,
+                load_s=round(time.monotonic() - t0, 4),
+                preloaded=True,
+            )
+        )
+        self._resume_at(step)
+        return True
 
     def _before_optimizer_step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
         # The staging copy overlapped forward/backward; parameters change now, so it must be done.
