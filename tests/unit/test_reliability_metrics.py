@@ -218,3 +218,54 @@ def test_percentile() -> None:
     assert metrics.percentile([], 50) is None
     assert metrics.percentile([1.0, 2.0, 3.0, 4.0], 50) == pytest.approx(2.5)
     assert metrics.percentile([5.0], 95) == 5.0
+
+
+def in_place_crash(happened_at_detection: bool) -> LedgerBuilder:
+    """Rank 1 dies at 8 s into attempt 0's steps; rank 0 noticed 0.15 s after (its abort took 0.05 s,
+    so it was ready to rejoin at 0.2 s), the supervisor 0.5 s after, torn down 0.1 s later; the new
+    round re-forms in 0.3 s, restores from rank 0's own memory in 0.02 s; its first step takes 1 s.
+    ``happened_at_detection``: the supervisor dates the failure when it saw the process die (waitpid),
+    later than the survivor noticed."""
+    b = LedgerBuilder(t0=1000.0)
+    b.start(init_s=2.0)
+    b.steps(5).checkpoint(stall_s=0.0).steps(3)
+    b.fail("crash", detect_s=0.5, teardown_s=0.1, rejoin_s=0.2, abort_s=0.05)
+    if happened_at_detection:
+        (failure,) = [e for e in b.events if e["ev"] == "failure"]
+        failure["happened_t"] = failure["t"]
+    b.recover(init_s=0.3, load_s=0.02, path="in_process", source="process")
+    b.steps(5)
+    b.end("completed")
+    return b
+
+
+@pytest.mark.parametrize("happened_at_detection", [False, True])
+def test_in_place_phases_are_cut_where_the_events_fall(happened_at_detection: bool) -> None:
+    (inc,) = walk(in_place_crash(happened_at_detection).events).incidents
+    ph = inc.in_place_phases()
+    assert ph is not None and inc.path == "in_process" and inc.restore_source == "process"
+    if happened_at_detection:  # the failure dates from the survivor's notice, 0.35 s before
+        assert ph == pytest.approx(
+            {"abort": 0.05, "supervisor": 0.4, "rendezvous": 0.3, "restore": 0.02, "first_step": 1.0}
+        )
+    else:
+        assert ph == pytest.approx(
+            {"abort": 0.2, "supervisor": 0.4, "rendezvous": 0.3, "restore": 0.02, "first_step": 1.0}
+        )
+    assert sum(ph.values()) == pytest.approx(inc.mttr)
+    assert sum(inc.phases().values()) == pytest.approx(inc.mttr)
+
+
+def test_mttr_lists_in_process_recoveries_on_their_own() -> None:
+    b = in_place_crash(happened_at_detection=True)
+    b.steps(2).fail("crash", detect_s=0.5, teardown_s=1.0).recover(init_s=2.0, load_s=1.0)
+    b.steps(3)
+    m = metrics.mttr(b.events)
+    assert m["count"] == 2
+    ip = m["in_process"]
+    assert ip["count"] == 1 and ip["restore_sources"] == {"process": 1}
+    assert ip["mean_s"] == pytest.approx(1.77)
+    assert sum(ip["phases_mean_s"].values()) == pytest.approx(ip["mean_s"])
+    assert metrics.mttr(two_failures().events)["in_process"] is None
+    incidents = metrics.summarize(b.events)["incidents"]
+    assert [i["in_place_phases_s"] is None for i in incidents] == [False, True]

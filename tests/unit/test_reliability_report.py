@@ -33,8 +33,10 @@ def _run_dir(tmp_path: Path) -> Path:
     b.interval(policy="auto", model="bootstrap", every_steps=5)
     b.steps(5).checkpoint(stall_s=0.1, persist_s=0.8).steps(4)
     b.interval(policy="auto", model="daly", every_steps=12, every_s=12.0, delta_s=0.1, mtbf_s=600.0)
-    b.fail("crash", detect_s=0.2, teardown_s=0.5)
-    b.recover(init_s=1.0, load_s=0.3).steps(8).checkpoint(stall_s=0.1, commit=False).steps(3)
+    b.fail("crash", detect_s=0.2, teardown_s=0.5, rejoin_s=0.1, abort_s=0.02)  # rank 0 stays in place
+    b.recover(init_s=1.0, load_s=0.3, path="in_process", source="peer_memory").steps(8).checkpoint(
+        stall_s=0.1, commit=False
+    ).steps(3)
     b.fail("hang", detect_s=10.0, teardown_s=2.0)
     b.recover(init_s=1.0, load_s=0.3).steps(10).end()
     rd = tmp_path / "run"
@@ -46,7 +48,9 @@ def test_report_rich_and_png(tmp_path: Path) -> None:
     rd = _run_dir(tmp_path)
     res = CliRunner().invoke(_app(), ["report", str(rd)])
     assert res.exit_code == 0, res.output
-    for word in ("goodput", "MTBF", "MTTR", "checkpoint stall", "recompute", "crash", "hang", "daly"):
+    words = ("goodput", "MTBF", "MTTR", "checkpoint stall", "recompute", "crash", "hang", "daly")
+    in_place = ("In-process recoveries (1)", "abort (survivors", "re-rendezvous", "restore (peer transfer 1)")
+    for word in words + in_place:
         assert word in res.output, word
     png = rd / "timeline.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -35,6 +35,7 @@ __all__ = [
 SCHEMA = "gpufleet.report/1"
 BADPUT_CATEGORIES = ("ckpt_stall", "detect", "teardown", "spawn_init", "load", "recompute", "idle")
 PHASES = ("detect", "teardown", "spawn_init", "load", "first_step")
+IN_PLACE_PHASES = ("abort", "supervisor", "rendezvous", "restore", "first_step")
 
 Events = Iterable[dict[str, Any] | E.Event]  # raw ledger records or typed events
 
@@ -133,6 +134,22 @@ def mttr(events: Events | Walk) -> dict[str, Any]:
         "max_s": max(vals) if vals else None,
         "phases_mean_s": phases,
         "recompute_mean_s": sum(i.recompute_s for i in rec) / len(rec) if rec else None,
+        "in_process": _in_place_mttr(rec),
+    }
+
+
+def _in_place_mttr(rec: list[Any]) -> dict[str, Any] | None:
+    """The in-process recoveries alone, on their own timeline (``Incident.in_place_phases``: abort,
+    supervisor, rendezvous, restore, first_step) and where each restore read its state."""
+    parts = [(i, ph) for i in rec if (ph := i.in_place_phases()) is not None]
+    if not parts:
+        return None
+    n = len(parts)
+    return {
+        "count": n,
+        "mean_s": sum(i.mttr or 0.0 for i, _ in parts) / n,
+        "phases_mean_s": {k: sum(ph[k] for _, ph in parts) / n for k in IN_PLACE_PHASES},
+        "restore_sources": dict(Counter(i.restore_source or "unknown" for i, _ in parts)),
     }
 
 
@@ -269,6 +286,8 @@ def _incident_dict(i: Any) -> dict[str, Any]:
         "phases_s": i.phases(),
         "path": i.path,
         "abort_s": i.abort_s,
+        "in_place_phases_s": i.in_place_phases(),
+        "restore_source": i.restore_source,
         "recompute_s": i.recompute_s,
         "lost_steps": i.lost_steps,
         "failures": i.failures,

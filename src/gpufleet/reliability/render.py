@@ -25,6 +25,37 @@ _LABELS = {
 }
 
 
+_IN_PLACE_LABELS = {
+    "abort": "abort (survivors leave the round)",
+    "supervisor": "supervisor detect + teardown",
+    "rendezvous": "re-rendezvous (new round, groups)",
+    "first_step": "first step",
+}
+# Where an in-place restore read the state, as the table names it.
+_SOURCE_LABELS = {
+    "process": "own memory",
+    "memory": "node memory tier",
+    "peer_memory": "peer transfer",
+    "local": "disk",
+    "s3": "S3",
+}
+
+
+def _in_place_table(con: Console, ip: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    n = ip["count"]
+    t = Table(title=f"In-process recoveries ({n}): their own phases", title_justify="left")
+    t.add_column("phase")
+    t.add_column("mean", justify="right")
+    t.add_column("share", justify="right")
+    sources = ", ".join(f"{_SOURCE_LABELS.get(k, k)} {v}" for k, v in sorted(ip["restore_sources"].items()))
+    for k, v in ip["phases_mean_s"].items():
+        label = f"restore ({sources})" if k == "restore" else _IN_PLACE_LABELS.get(k, k)
+        t.add_row(label, fmt_s(v), _pct(v / ip["mean_s"] if ip["mean_s"] else None))
+    con.print(t)
+
+
 def fmt_s(x: float | None) -> str:
     """Seconds for humans: 850 ms, 12.3 s, 4 m 05 s, 3 h 07 m."""
     if x is None:
@@ -132,6 +163,8 @@ def render(summary: dict[str, Any], console: Console | None = None) -> None:
             )
         t.add_row("[dim]recompute (separate)[/]", f"[dim]{fmt_s(m['recompute_mean_s'])}[/]", "")
         con.print(t)
+    if m.get("in_process"):
+        _in_place_table(con, m["in_process"])
 
     t = Table(title="Where the wall time went", title_justify="left")
     t.add_column("category")

@@ -71,7 +71,7 @@ class LedgerBuilder:
         self.emit("run_start", world_size=self.world_size, nproc=self.world_size, backend="local")
         return self._attempt(init_s, load_s, self.committed if resume is None else resume)
 
-    def _attempt(self, init_s: float, load_s: float, resume: int) -> LedgerBuilder:
+    def _attempt(self, init_s: float, load_s: float, resume: int, source: str = "local") -> LedgerBuilder:
         self.attempt += 1
         pids = [1000 + 10 * self.attempt + r for r in range(self.world_size)]
         self.emit("attempt_start", attempt=self.attempt, world_size=self.world_size, pids=pids)
@@ -82,7 +82,7 @@ class LedgerBuilder:
         if resume == 0:
             self._rank0("restore", step=0, load_s=load_s, fresh=True)
         else:
-            self._rank0("restore", step=resume, load_s=load_s, source="local", path=f"s{resume}")
+            self._rank0("restore", step=resume, load_s=load_s, source=source, path=f"s{resume}")
         self.next_step = resume
         return self
 
@@ -127,16 +127,28 @@ class LedgerBuilder:
         rank: int = 1,
         lag_s: float = 0.0,
         spike_value: float | None = 1e6,
+        rejoin_s: float | None = None,
+        abort_s: float = 0.0,
     ) -> LedgerBuilder:
         """The failure happens ``lag_s`` after the last event; detected ``detect_s`` later.
 
         A ``spike`` is preceded by rank 0's ``spike`` report for the step it happened at (its loss
-        ``spike_value``; None for NaN)."""
+        ``spike_value``; None for NaN). ``rejoin_s`` (< ``detect_s``): rank 0 survives in place; it
+        noticed ``rejoin_s - abort_s`` after the failure and was ready to rejoin ``rejoin_s`` after
+        it, before the supervisor's detection (as a dead peer's socket usually tells it)."""
         self.t += lag_s
         happened = self.t
         self._failed_step = self.next_step
         if cause == E.FailureCause.SPIKE:
             self._rank0("spike", step=self.next_step, reason="loss spike", value=spike_value)
+        if rejoin_s is not None:
+            if not 0.0 <= abort_s <= rejoin_s <= detect_s:
+                raise ValueError("need 0 <= abort_s <= rejoin_s <= detect_s")
+            self.t += rejoin_s
+            self.emit(
+                "rejoin", rank=0, attempt=self.attempt + 1, reason="peer died", abort_s=abort_s, in_place=True
+            )
+            self.t -= rejoin_s
         self.t += detect_s
         extra = {"signal": 9, "detail": "killed by signal 9"} if cause == E.FailureCause.CRASH else {}
         self.emit(
@@ -154,7 +166,12 @@ class LedgerBuilder:
         return self
 
     def recover(
-        self, init_s: float = 2.0, load_s: float = 1.0, rollback: bool | str = False
+        self,
+        init_s: float = 2.0,
+        load_s: float = 1.0,
+        rollback: bool | str = False,
+        path: str = "full",
+        source: str = "local",
     ) -> LedgerBuilder:
         """The supervisor's restart. ``rollback`` (after a spike): ``"replay"`` (or True) resumes at
         the newest commit and replays; ``"skip"`` also skips the window [newest commit, spike step]."""
@@ -178,8 +195,8 @@ class LedgerBuilder:
             )
         elif rollback:
             raise ValueError(f"rollback must be False, True, 'replay' or 'skip', not {rollback!r}")
-        self.emit("restart", attempt=self.attempt + 1, reason="failure")
-        return self._attempt(init_s, load_s, self.committed)
+        self.emit("restart", attempt=self.attempt + 1, reason="failure", path=path)
+        return self._attempt(init_s, load_s, self.committed, source)
 
     def interval(self, **fields: Any) -> LedgerBuilder:
         self._rank0("interval", step=self.next_step, **fields)

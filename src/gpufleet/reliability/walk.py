@@ -95,6 +95,8 @@ class Incident:
     t_end: float | None = None  # session end, for an unrecovered incident
     path: str = "full"  # the restart's path (restart.path): full, or in_process
     abort_s: float | None = None  # in-process: the slowest survivor's abort (rejoin.abort_s)
+    t_rejoin: float | None = None  # in-process: the last survivor ready to rejoin (rejoin.t)
+    restore_source: str | None = None  # where the recovery's restore read the state (restore.source)
 
     @property
     def recovered(self) -> bool:
@@ -113,6 +115,35 @@ class Incident:
         out["load"] = rs - ls
         out["first_step"] = max(self.t_first_step - rs, 0.0)
         return out
+
+    def in_place_phases(self) -> dict[str, float] | None:
+        """An in-process recovery's timeline, cut where its events fall (None for any other incident):
+        ``abort`` (failure → the last survivor left the round), ``supervisor`` (→ detected and torn
+        down: the supervisor may notice after the survivors), ``rendezvous`` (→ the restore began: the
+        new round, its groups re-formed), ``restore``, ``first_step``. They sum to :attr:`mttr`."""
+        if self.path != "in_process" or self.t_first_step is None or self.t_restore is None:
+            return None
+        ph = self.phases()
+        b_load = self.t_happen + ph["detect"] + ph["teardown"] + ph["spawn_init"]
+        b_rejoin = min(
+            max(self.t_rejoin if self.t_rejoin is not None else self.t_happen, self.t_happen), b_load
+        )
+        b_torn = min(max(self.t_detect + ph["teardown"], b_rejoin), b_load)
+        return {
+            "abort": b_rejoin - self.t_happen,
+            "supervisor": b_torn - b_rejoin,
+            "rendezvous": b_load - b_torn,
+            "restore": ph["load"],
+            "first_step": ph["first_step"],
+        }
+
+    def rejoined(self, e: E.Rejoin) -> None:
+        """A survivor of this incident left the round: the failure happened no later than it noticed
+        (its ``t`` less its ``abort_s``), which may be before the supervisor saw the process die."""
+        abort = max(_f(e.abort_s), 0.0)
+        self.abort_s = max(self.abort_s or 0.0, abort)
+        self.t_rejoin = max(self.t_rejoin or e.t, e.t)
+        self.t_happen = min(self.t_happen, e.t - abort)
 
     @property
     def mttr(self) -> float | None:
@@ -235,6 +266,7 @@ class _Walker:
         attempt_has_step = False
         attempt_load_start: float | None = None
         inc: Incident | None = None
+        early_rejoins: list[E.Rejoin] = []  # rejoins relayed before their failure's event
         drills: set[tuple[int, int]] = set()  # (attempt, step) where a nan/spike drill fired
         alarms: dict[int, SpikeAlarm] = {}  # step -> this session's alarm there
         for e in evs:
@@ -255,7 +287,9 @@ class _Walker:
                         inc.path = str(e.path)
                 case E.Rejoin():
                     if inc is not None:
-                        inc.abort_s = max(inc.abort_s or 0.0, _f(e.abort_s))
+                        inc.rejoined(e)
+                    else:  # a survivor saw its peer die before the supervisor did
+                        early_rejoins.append(e)
                 case E.Failure():
                     if inc is not None and inc.attempt == attempt:
                         inc.secondary += 1
@@ -273,6 +307,10 @@ class _Walker:
                         t_happen=min(_f(e.happened_t, t), t),
                         t_detect=t,
                     )
+                    for r in early_rejoins:
+                        if r.attempt is None or r.attempt == attempt + 1:
+                            inc.rejoined(r)
+                    early_rejoins.clear()
                     self.w.incidents.append(inc)
                 case E.Detected():
                     if inc is not None and inc.detect_s is None and inc.t_first_step is None:
@@ -289,6 +327,7 @@ class _Walker:
                     self.roll_back(e.step, inc)
                     if inc is not None:
                         inc.t_load_start, inc.t_restore, inc.restore_step = t - load, t, e.step
+                        inc.restore_source = str(e.source) if e.source is not None else None
                     elif not attempt_has_step:
                         sess.startup_load_s += load
                         if attempt_load_start is None:
