@@ -49,7 +49,12 @@ def test_report_rich_and_png(tmp_path: Path) -> None:
     res = CliRunner().invoke(_app(), ["report", str(rd)])
     assert res.exit_code == 0, res.output
     words = ("goodput", "MTBF", "MTTR", "checkpoint stall", "recompute", "crash", "hang", "daly")
-    in_place = ("In-process recoveries (1)", "abort (survivors", "re-rendezvous", "restore (peer transfer 1)")
+    in_place = (
+        "In-process recoveries (1)",
+        "stop the lost rank",
+        "re-rendezvous",
+        "restore (peer transfer 1)",
+    )
     for word in words + in_place:
         assert word in res.output, word
     png = rd / "timeline.png"

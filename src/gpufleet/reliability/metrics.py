@@ -35,7 +35,7 @@ __all__ = [
 SCHEMA = "gpufleet.report/1"
 BADPUT_CATEGORIES = ("ckpt_stall", "detect", "teardown", "spawn_init", "load", "recompute", "idle")
 PHASES = ("detect", "teardown", "spawn_init", "load", "first_step")
-IN_PLACE_PHASES = ("abort", "supervisor", "rendezvous", "restore", "first_step")
+IN_PLACE_PHASES = ("supervisor", "abort", "rendezvous", "restore", "first_step")
 
 Events = Iterable[dict[str, Any] | E.Event]  # raw ledger records or typed events
 
@@ -139,8 +139,8 @@ def mttr(events: Events | Walk) -> dict[str, Any]:
 
 
 def _in_place_mttr(rec: list[Any]) -> dict[str, Any] | None:
-    """The in-process recoveries alone, on their own timeline (``Incident.in_place_phases``: abort,
-    supervisor, rendezvous, restore, first_step) and where each restore read its state."""
+    """The in-process recoveries alone, on their own critical path (``Incident.in_place_phases``:
+    supervisor, abort, rendezvous, restore, first_step) and where each restore read its state."""
     parts = [(i, ph) for i in rec if (ph := i.in_place_phases()) is not None]
     if not parts:
         return None

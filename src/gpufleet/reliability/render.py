@@ -26,8 +26,8 @@ _LABELS = {
 
 
 _IN_PLACE_LABELS = {
+    "supervisor": "detect + stop the lost rank",
     "abort": "abort (survivors leave the round)",
-    "supervisor": "supervisor detect + teardown",
     "rendezvous": "re-rendezvous (new round, groups)",
     "first_step": "first step",
 }

@@ -133,17 +133,18 @@ class LedgerBuilder:
         """The failure happens ``lag_s`` after the last event; detected ``detect_s`` later.
 
         A ``spike`` is preceded by rank 0's ``spike`` report for the step it happened at (its loss
-        ``spike_value``; None for NaN). ``rejoin_s`` (< ``detect_s``): rank 0 survives in place; it
-        noticed ``rejoin_s - abort_s`` after the failure and was ready to rejoin ``rejoin_s`` after
-        it, before the supervisor's detection (as a dead peer's socket usually tells it)."""
+        ``spike_value``; None for NaN). ``rejoin_s``: rank 0 survives in place; it noticed
+        ``rejoin_s - abort_s`` after the failure and was ready to rejoin ``rejoin_s`` after it: before
+        the supervisor's detection (a dead peer's socket usually tells it) or after (a hung peer's
+        survivors notice once it is killed)."""
         self.t += lag_s
         happened = self.t
         self._failed_step = self.next_step
         if cause == E.FailureCause.SPIKE:
             self._rank0("spike", step=self.next_step, reason="loss spike", value=spike_value)
         if rejoin_s is not None:
-            if not 0.0 <= abort_s <= rejoin_s <= detect_s:
-                raise ValueError("need 0 <= abort_s <= rejoin_s <= detect_s")
+            if not 0.0 <= abort_s <= rejoin_s:
+                raise ValueError("need 0 <= abort_s <= rejoin_s")
             self.t += rejoin_s
             self.emit(
                 "rejoin", rank=0, attempt=self.attempt + 1, reason="peer died", abort_s=abort_s, in_place=True

@@ -117,22 +117,22 @@ class Incident:
         return out
 
     def in_place_phases(self) -> dict[str, float] | None:
-        """An in-process recovery's timeline, cut where its events fall (None for any other incident):
-        ``abort`` (failure → the last survivor left the round), ``supervisor`` (→ detected and torn
-        down: the supervisor may notice after the survivors), ``rendezvous`` (→ the restore began: the
-        new round, its groups re-formed), ``restore``, ``first_step``. They sum to :attr:`mttr`."""
+        """An in-process recovery's critical path (None for any other incident), cut where its events
+        fall: ``supervisor`` (failure → the supervisor detected it and stopped the lost rank), ``abort``
+        (→ the last survivor left the round, where that came later: a hung peer's survivors notice
+        only once it is killed; a dead one's usually before the supervisor does), ``rendezvous``
+        (→ the restore began: the new round, its groups re-formed), ``restore``, ``first_step``.
+        They sum to :attr:`mttr`; the survivors' own abort time is ``abort_s``."""
         if self.path != "in_process" or self.t_first_step is None or self.t_restore is None:
             return None
         ph = self.phases()
-        b_load = self.t_happen + ph["detect"] + ph["teardown"] + ph["spawn_init"]
-        b_rejoin = min(
-            max(self.t_rejoin if self.t_rejoin is not None else self.t_happen, self.t_happen), b_load
-        )
-        b_torn = min(max(self.t_detect + ph["teardown"], b_rejoin), b_load)
+        b_torn = self.t_happen + ph["detect"] + ph["teardown"]
+        b_load = b_torn + ph["spawn_init"]
+        b_left = min(max(self.t_rejoin if self.t_rejoin is not None else b_torn, b_torn), b_load)
         return {
-            "abort": b_rejoin - self.t_happen,
-            "supervisor": b_torn - b_rejoin,
-            "rendezvous": b_load - b_torn,
+            "supervisor": b_torn - self.t_happen,
+            "abort": b_left - b_torn,
+            "rendezvous": b_load - b_left,
             "restore": ph["load"],
             "first_step": ph["first_step"],
         }
