@@ -31,7 +31,8 @@ class CheckpointConfig:
     # Keep the newest commit's staged copy whole in this process (checkpoint/snapshot.py): a survivor
     # of an in-process restart rolls back from it. Costs the staging of the tensors DCP's
     # deduplication gives other ranks: their copy and memory (about (world_size-1)/world_size of a
-    # replicated state more per rank).
+    # replicated state more per rank). A save keeps one only while the node's ranks fit in half the
+    # memory they could use (CheckpointEngine._snapshot_fits); else it warns once and stages as usual.
     keep_snapshot: bool = False
     # A reader only (a hot spare preloading commits): never removes a killed save's temp directories
     # nor owns the memory tier; only ``load`` is meant to be used.

@@ -43,7 +43,14 @@ from gpufleet.checkpoint.peer import PeerTier
 from gpufleet.checkpoint.reader import FastReader, MemReader
 from gpufleet.checkpoint.retention import select_deletions
 from gpufleet.checkpoint.snapshot import Snapshot
-from gpufleet.checkpoint.staging import StageJob, Stager, tensor_layout
+from gpufleet.checkpoint.staging import (
+    StageJob,
+    Stager,
+    available_memory,
+    local_ranks,
+    tensor_layout,
+    within_half,
+)
 from gpufleet.checkpoint.verify import hash_file
 from gpufleet.checkpoint.writer import SummingWriter
 from gpufleet.core import events as E
@@ -67,6 +74,7 @@ class _Job:
         self.save_s = save_s
         self.blocked_s = 0.0
         self.staged_reported = False
+        self.keep = False  # its staging is whole: a commit makes it the snapshot
         self.waiting = False
         self.thread: threading.Thread | None = None
         self.layout: Any = None  # staging.tensor_layout of the saved state dict (distributed saves)
@@ -167,6 +175,7 @@ class CheckpointEngine:
         self._memory: Path | None = None
         self._keeper: MemoryKeeper | None = None
         self._memory_warned = False
+        self._snapshot_warned = False
         # Ranks on several nodes: node parts replicated to a peer node's keeper instead (peer.py).
         self._peer: PeerTier | None = None
         if config.memory_bytes > 0 and not config.read_only:
@@ -223,13 +232,14 @@ class CheckpointEngine:
             self._join()
         skip = None
         layout = tensor_layout(state_dict) if self._distributed else None
-        keep = self.config.keep_snapshot
+        keep = self._snapshot_fits(step, layout)
         if self._elsewhere is not None and self._elsewhere[0] == layout and not keep:
             skip = self._elsewhere[1].__contains__
         self._snapshot = None  # its buffers are about to be overwritten; a commit makes the next one
         stage = self._stager.stage(state_dict, deferred, skip, at_plan=self._distributed and not keep)
         job = _Job(step, stage, copy.deepcopy(meta or {}), fault, 0.0)
         job.layout = layout
+        job.keep = keep
         job.thread = threading.Thread(
             target=self._persist, args=(job,), name="gpufleet-ckpt-persist", daemon=True
         )
@@ -326,7 +336,7 @@ class CheckpointEngine:
         # A failure nobody waited for is superseded: the newest state is committed. (It used to reach
         # run.finish()'s wait and fail a run whose later checkpoints had all committed.)
         self._error = None
-        if self.config.keep_snapshot:
+        if job.keep:
             self._snapshot = Snapshot.of(job.step, str(final), job.meta, job.stage.staged)
         if self._peer is not None:
             self._peer.keep(job.step, final)
@@ -585,6 +595,30 @@ class CheckpointEngine:
             state_dict=state_dict,
             missing=missing,
         )
+
+    def _snapshot_fits(self, step: int, layout: Any) -> bool:
+        """Whether this save keeps a snapshot (``config.keep_snapshot``). It holds every plain tensor's
+        staging (deduplication would free what other ranks write), so it is kept only if the ranks of
+        this node (``LOCAL_WORLD_SIZE``) holding as much each fit in half the memory they could use:
+        what is available plus what their staging holds now. Else the save stages as usual, a rollback
+        in place reads the commit back, and a warning says so once."""
+        if not self.config.keep_snapshot or layout is None:
+            return self.config.keep_snapshot  # one process: its staging is whole anyway
+        total, held = self._stager.plain_bytes(layout)
+        avail = available_memory()
+        ranks = local_ranks(self.world_size)
+        if within_half(total, ranks, avail, held):
+            return True
+        if not self._snapshot_warned:
+            self._snapshot_warned = True
+            print(
+                f"gpufleet: warning: rank {self.rank}: step {step} kept no in-process snapshot: "
+                f"{ranks} ranks on this node would hold {total / 2**20:.0f} MiB of staging each, "
+                f"{(avail or 0) / 2**20:.0f} MiB is available; a rollback in place reads the checkpoint back",
+                file=sys.stderr,
+                flush=True,
+            )
+        return False
 
     def snapshot(self, max_step: int | None = None) -> Snapshot | None:
         """The newest commit's staged copy (``config.keep_snapshot``), if no save has staged since and its

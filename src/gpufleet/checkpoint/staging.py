@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import mmap
+import os
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -125,6 +127,22 @@ class Stager:
     def __init__(self) -> None:
         self.buffers: dict[str, torch.Tensor] = {}
 
+    def plain_bytes(
+        self, layout: Iterable[tuple[str, tuple[int, ...], torch.dtype, bool]]
+    ) -> tuple[int, int]:
+        """The plain (not DTensor) tensors of ``layout`` (:func:`tensor_layout`): their bytes, and the
+        bytes of those already holding a staging buffer."""
+        total = held = 0
+        for key, shape, dtype, is_shard in layout:
+            if is_shard:
+                continue
+            n = math.prod(shape) * dtype.itemsize
+            total += n
+            buf = self.buffers.get(key)
+            if buf is not None and tuple(buf.shape) == shape and buf.dtype == dtype:
+                held += n
+        return total, held
+
     def buffer_for(self, key: str, t: torch.Tensor) -> torch.Tensor:
         """The staging buffer the next ``stage`` would copy ``t`` (at ``key``) into."""
         return self._buffer(key, t)
@@ -208,6 +226,31 @@ def tensor_layout(state_dict: dict[str, Any]) -> tuple[tuple[str, tuple[int, ...
 
     walk(state_dict, "")
     return tuple(out)
+
+
+def available_memory() -> int | None:
+    """This host's available memory (``MemAvailable``, bytes); None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def within_half(each: int, ranks: int, available: int | None, held_each: int = 0) -> bool:
+    """Whether ``ranks`` processes of a node holding ``each`` bytes apiece fit in half the memory they
+    could use: ``available`` plus what they hold already (``held_each`` apiece). The other half stays
+    for everything else the node runs. Unknown ``available`` (no /proc/meminfo): True."""
+    return available is None or each * ranks <= (available + held_each * ranks) // 2
+
+
+def local_ranks(default: int) -> int:
+    """Ranks on this node (``LOCAL_WORLD_SIZE``, which torchrun and every gpufleet backend set)."""
+    raw = os.environ.get("LOCAL_WORLD_SIZE", "")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else default
 
 
 def _page_aligned(shape: torch.Size, dtype: torch.dtype, nbytes: int) -> torch.Tensor:

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from gpufleet.checkpoint.manifest import list_committed
 from gpufleet.train.priority import restore_threads, set_idle
 
-__all__ = ["Held", "Preloader", "agree", "newest_commit"]
+__all__ = ["Held", "Preloader", "agree", "commit_bytes", "newest_commit"]
 
 _PRELOAD_POLL_S = 0.1  # how often a waiting spare looks for a new commit (a directory listing)
 
@@ -50,6 +50,14 @@ def newest_commit(ckpt_dir: str | Path, max_step: int | None = None) -> int | No
     for _, m in list_committed(Path(ckpt_dir)):
         if max_step is None or m.step <= max_step:
             return int(m.step)
+    return None
+
+
+def commit_bytes(ckpt_dir: str | Path, step: int) -> int | None:
+    """Commit ``step``'s size on disk (its manifest's files), or None if it is not committed."""
+    for _, m in list_committed(Path(ckpt_dir)):
+        if m.step == step:
+            return m.total_bytes
     return None
 
 

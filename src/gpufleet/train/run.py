@@ -156,6 +156,7 @@ class Run:
         # one takes over; a spare's reader of commits and what it preloaded into its objects.
         self._carry: Any = None
         self._reader: Any = None
+        self._preload_refused = False  # a hot spare whose node cannot hold its preloads (_preload_fits)
         self._held: Any = None
         self._emptied: list[tuple[dict[str, Any], Any]] = []  # param lists a discarded step set aside
         self._start = 0
@@ -273,7 +274,9 @@ class Run:
         from gpufleet.train.held import Held
 
         assert self._mapper is not None
-        if self._reader is None:
+        if self._reader is None:  # the first preload allocates what the spare holds from then on
+            if not self._preload_fits(step):
+                return None
             cfg = CheckpointConfig(dir=str(self.settings.ckpt_dir), read_only=True)
             self._reader = CheckpointEngine(cfg, rank=0, world_size=1)
         result = self._load_primed(self._reader, step)
@@ -283,6 +286,29 @@ class Run:
         return Held(
             step=int(result.step), path=result.path, source=result.source, meta=result.meta, skips=skips
         )
+
+    def _preload_fits(self, step: int) -> bool:
+        """Whether this node's spares (one per local rank) can each hold a commit's state ahead of
+        their promotion: half the available memory at most, as for a snapshot. Decided once: a spare
+        refused holds nothing and loads as usual once promoted (one warning)."""
+        from gpufleet.checkpoint.staging import available_memory, local_ranks, within_half
+        from gpufleet.train.held import commit_bytes
+
+        if self._preload_refused:
+            return False
+        size, avail = commit_bytes(self.settings.ckpt_dir, step), available_memory()
+        ranks = local_ranks(self.world_size)
+        if size is None or within_half(size, ranks, avail):
+            return True
+        self._preload_refused = True
+        print(
+            f"gpufleet: warning: hot spare: no preload of step {step}: {ranks} spares on this node "
+            f"would hold {size / 2**20:.0f} MiB each, {(avail or 0) / 2**20:.0f} MiB is available; "
+            "it loads once promoted",
+            file=sys.stderr,
+            flush=True,
+        )
+        return False
 
     def _rejoin_in_place(self) -> int:
         """A peer died during this step: discard the step, leave the broken round without a collective,

@@ -15,7 +15,8 @@ import torch.distributed as dist
 from gpufleet.checkpoint import CheckpointConfig, CheckpointEngine
 from gpufleet.checkpoint.manifest import step_dirname
 from gpufleet.checkpoint.snapshot import SnapshotMismatch
-from gpufleet.train.held import Held, Preloader, agree, newest_commit
+from gpufleet.checkpoint.staging import within_half
+from gpufleet.train.held import Held, Preloader, agree, commit_bytes, newest_commit
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -137,6 +138,13 @@ def test_newest_commit_respects_the_rollback_bound(tmp_path: Path) -> None:
     assert newest_commit(tmp_path / "ck") == 4
     assert newest_commit(tmp_path / "ck", max_step=3) == 2
     assert newest_commit(tmp_path / "ck", max_step=1) is None
+    # a spare sizes its first preload by the commit's files, before it allocates anything
+    sizes = [sum(f.stat().st_size for f in (tmp_path / "ck" / step_dirname(s)).iterdir()) for s in (2, 4)]
+    manifest = [(tmp_path / "ck" / step_dirname(s) / "manifest.json").stat().st_size for s in (2, 4)]
+    assert [commit_bytes(tmp_path / "ck", s) for s in (2, 4)] == [
+        a - b for a, b in zip(sizes, manifest, strict=True)
+    ]
+    assert commit_bytes(tmp_path / "ck", 3) is None
 
 
 def test_a_preloader_follows_commits_and_a_failed_load_holds_nothing(tmp_path: Path) -> None:
@@ -196,3 +204,22 @@ def test_agree_needs_the_newest_commit_held(
     group: Any, held: int | None, newest: int | None, fast: bool
 ) -> None:
     assert agree(held, newest, group) is fast
+
+
+@pytest.mark.parametrize(
+    "each,ranks,available,held,fits",
+    [
+        (4, 2, 16, 0, True),  # 8 of 16: exactly half
+        (5, 2, 16, 0, False),
+        (5, 2, 12, 0, False),
+        (5, 2, 12, 4, True),  # what they hold now counts: 10 <= (12 + 2 * 4) / 2
+        (8, 2, 16, 8, True),  # held whole already: still half at most of what could be used
+        (8, 2, 4, 8, False),  # ... else given back (deduplicated staging frees it)
+        (2**30, 10**9, 2**40, 0, False),
+        (10**12, 2, None, 0, True),  # no /proc/meminfo: nothing to go by
+    ],
+)
+def test_within_half_of_the_memory_the_nodes_ranks_could_use(
+    each: int, ranks: int, available: int | None, held: int, fits: bool
+) -> None:
+    assert within_half(each, ranks, available, held) is fits
