@@ -72,7 +72,12 @@ def _command(launcher: str, work: Path, args: argparse.Namespace) -> tuple[list[
         if launcher == "gpufleet-in-process":
             cmd.append("--in-process-restart")
         if args.hang:  # rank 1 stops at the step; only the supervisor's hang detector can notice
-            cmd += ["--inject", f"hang:rank=1,step={args.kill_step}", "--hang-timeout", str(args.hang_timeout)]
+            cmd += [
+                "--inject",
+                f"hang:rank=1,step={args.kill_step}",
+                "--hang-timeout",
+                str(args.hang_timeout),
+            ]
         cmd += ["--", sys.executable, str(SCRIPTS / "mttr_gpufleet.py"), *common]
     else:
         cmd = [
@@ -150,6 +155,8 @@ def one_trial(launcher: str, args: argparse.Namespace, root: Path, i: int) -> di
         inc = [x for x in s["incidents"] if x["recovered"]]
         if inc:
             out["ledger"] = {"mttr_s": inc[0]["mttr_s"], "phases_s": inc[0]["phases_s"]}
+            if inc[0].get("in_place_phases_s"):  # abort, supervisor, rendezvous, restore, first_step
+                out["ledger"]["in_place_phases_s"] = inc[0]["in_place_phases_s"]
             # The ledger's clock starts when the supervisor notices the exit; the script's at the kill.
             out["ledger"]["crash_to_failure_event_s"] = inc[0]["happened_t"] - t_crash
     if not args.keep:
@@ -192,6 +199,9 @@ def aggregate(trials: list[dict[str, Any]]) -> dict[str, Any]:
             a["ledger_mttr_median_s"] = _median([x["mttr_s"] for x in led])
             a["ledger_phases_median_s"] = {k: _median([x["phases_s"][k] for x in led]) for k in keys}
             a["crash_to_failure_event_median_s"] = _median([x["crash_to_failure_event_s"] for x in led])
+            inp = [x["in_place_phases_s"] for x in led if "in_place_phases_s" in x]
+            if inp:
+                a["ledger_in_place_phases_median_s"] = {k: _median([x[k] for x in inp]) for k in inp[0]}
         agg[la] = a
     return agg
 
@@ -250,6 +260,14 @@ def render(res: dict[str, Any]) -> None:
             for k in [*led, "MTTR"]:
                 lt.add_column(k, justify="right")
             lt.add_row(*(f"{v:.3f}" for v in led.values()), f"{agg['gpufleet']['ledger_mttr_median_s']:.3f}")
+            c.print(lt)
+        inp = agg.get("gpufleet-in-process", {}).get("ledger_in_place_phases_median_s")
+        if inp:
+            lt = Table(title="gpufleet in-process phases from its ledger (recoveries in place), medians, s")
+            for k in [*inp, "MTTR"]:
+                lt.add_column(k, justify="right")
+            ledger_mttr = agg["gpufleet-in-process"]["ledger_mttr_median_s"]
+            lt.add_row(*(f"{v:.3f}" for v in inp.values()), f"{ledger_mttr:.3f}")
             c.print(lt)
         g = res["ratio_gpufleet_vs_torchrun"]
         verdict = "[green]met[/]" if g is not None and g <= 0.5 else "[red]not met[/]"
@@ -333,7 +351,11 @@ def main() -> int:
             "state_bytes": state,
             "steps": args.steps,
             "checkpoint_every_steps": args.ckpt_every,
-            "fault": (f"rank 1 hangs at step {args.kill_step} (hang timeout {args.hang_timeout} s)" if args.hang else f"rank 1 SIGKILL at step {args.kill_step}, first attempt only"),
+            "fault": (
+                f"rank 1 hangs at step {args.kill_step} (hang timeout {args.hang_timeout} s)"
+                if args.hang
+                else f"rank 1 SIGKILL at step {args.kill_step}, first attempt only"
+            ),
             "repeats": args.repeats,
             "torchrun_flags": "--standalone --nproc-per-node 2 --max-restarts 3",
             "torchrun_env": {} if args.torchrun_shared_store else {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
