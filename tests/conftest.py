@@ -80,12 +80,55 @@ class LlamaTarget:
     gone: Callable[[], str | None] = lambda: None
 
 
+# Tests that need the llm extra (llama-cpp-python, built from source) or its server. `.ci/run` builds it
+# in the background at low priority while the other tests run, and names in GPUFLEET_TEST_LLAMA_ENV_FILE
+# the file it writes once the server is up (or FILE.failed, with the reason); these tests run last.
+LLAMA_FIXTURES = frozenset({"llm_extra", "llama_service", "llama_server"})
+
+
+def _llama_env_file() -> dict[str, str]:
+    """The ``GPUFLEET_TEST_LLAMA_*`` variables of the background build's env file, waiting for it; {}
+    without one."""
+    name = os.environ.get("GPUFLEET_TEST_LLAMA_ENV_FILE")
+    if not name:
+        return {}
+    import time
+    from pathlib import Path
+
+    from support.process import read_env_file
+
+    path, failed = Path(name), Path(name + ".failed")
+    deadline = time.monotonic() + float(os.environ.get("GPUFLEET_TEST_LLAMA_WAIT_S", "1800"))
+    while not path.exists():
+        if failed.exists():
+            pytest.fail(f"the llm extra's background build failed: {failed.read_text()[-2000:]}",
+                        pytrace=False)  # fmt: skip
+        if time.monotonic() > deadline:
+            pytest.fail(f"{path} did not appear: the llm extra's background build still runs", pytrace=False)
+        time.sleep(1.0)
+    return read_env_file(path)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that need the llm extra go last, so the ones before them run while it builds."""
+    needs_llm = [it for it in items if LLAMA_FIXTURES & set(getattr(it, "fixturenames", ()))]
+    if needs_llm:
+        rest = [it for it in items if not LLAMA_FIXTURES & set(getattr(it, "fixturenames", ()))]
+        items[:] = rest + needs_llm
+
+
+@pytest.fixture(scope="session")
+def llm_extra() -> None:
+    """The llm extra (llama-cpp-python) is installed: in CI, once its background build is done."""
+    _llama_env_file()
+
+
 @pytest.fixture(scope="session")
 def llama_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaTarget]:
     """The server `.ci/run` started (GPUFLEET_TEST_LLAMA_* env), or llama.cpp with SmolLM2-135M
     started here (n_ctx 512, one thread); skipped when the ``llm`` extra is not installed. Starting
     it completes one multi-token prompt, so a server that cannot serve fails every test at once."""
-    env = os.environ
+    env = {**os.environ, **_llama_env_file()}
     if env.get("GPUFLEET_TEST_LLAMA_URL"):
         from pathlib import Path
 

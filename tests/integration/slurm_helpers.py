@@ -95,3 +95,42 @@ def kill(*pids: int) -> None:
             os.kill(p, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+REFERENCE_STEPS = 40
+_ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL")
+
+
+def job_info(jobid: str) -> dict[str, str]:
+    """``scontrol show job -o``: kept by slurmctld for MinJobAge (300 s) after the job ends."""
+    p = subprocess.run(["scontrol", "show", "job", "-o", jobid], capture_output=True, text=True, timeout=15)
+    return dict(t.split("=", 1) for t in p.stdout.split() if "=" in t)
+
+
+def slurm_out(run_dir: Path) -> str:
+    return "".join(p.read_text(errors="replace") for p in run_dir.glob("slurm-*.out"))
+
+
+def wait_job_end(jobid: str, run_dir: Path, timeout: float) -> dict[str, str]:
+    """Until the job has ended for good (a requeued job goes back to PENDING, not to an end state)."""
+    try:
+        wait_for(lambda: job_info(jobid).get("JobState") in _ENDED, timeout, f"job {jobid} to end", every=1)
+    except AssertionError:
+        state = job_info(jobid).get("JobState")
+        raise AssertionError(f"job {jobid}: {state}; output:\n{slurm_out(run_dir)[-4000:]}") from None
+    return job_info(jobid)
+
+
+def clean_reference_run(run_dir: Path) -> dict:
+    """A clean, uninterrupted 2-node x 1-rank job of ``REFERENCE_STEPS`` steps: ``dir``, ``job`` and the
+    ``final`` record, the bit-identical reference of the node-loss and requeue tests."""
+    name = "gpufleet-test-reference"
+    subprocess.run(["scancel", f"--name={name}"], timeout=15, check=False)
+    restore_cluster()
+    jobid = submit_run(run_dir, "--nodes", "2", job_name=name, steps=REFERENCE_STEPS)
+    info = wait_job_end(jobid, run_dir, timeout=120)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "0", slurm_out(run_dir)
+    record = final(run_dir)
+    assert record["steps"] == list(range(REFERENCE_STEPS))
+    return {"dir": run_dir, "job": jobid, "final": record}
+

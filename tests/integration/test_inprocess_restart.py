@@ -8,13 +8,15 @@ full restart, and the ledger says which path was taken and why.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from gpufleet.core.ledger import read_events
-from support.toyrun import SCRIPT, assert_usage_error, final_sha, gpufleet_run
+from support import toyrun
+from support.toyrun import SCRIPT, assert_usage_error, final_sha
 
 pytestmark = pytest.mark.slow
 
@@ -33,12 +35,14 @@ def _newest_commit_before_each_failure(run_dir: Path) -> list[int]:
     return out
 
 
-@pytest.fixture(scope="module")
-def reference_sha(tmp_path_factory) -> str:
-    d = tmp_path_factory.mktemp("inproc-reference")
-    p = gpufleet_run(d, steps=30)
-    assert p.returncode == 0, p.stderr[-2000:]
-    return final_sha(d)
+@pytest.fixture
+def reference_sha(toy_reference) -> str:
+    return toy_reference(steps=30)["sha256"]
+
+
+def gpufleet_run(run_dir: Path, *flags: str, **kw) -> subprocess.CompletedProcess[str]:
+    """In-process recovery promotes hot spares where a rank has one: these runs keep theirs."""
+    return toyrun.gpufleet_run(run_dir, *flags, standby=True, **kw)
 
 
 def test_crash_and_hang_recover_in_process_bit_identical(tmp_path, reference_sha):

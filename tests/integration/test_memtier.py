@@ -4,7 +4,6 @@ rejected by its checksum and the same step comes from disk; bad --memory-tier va
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import pytest
 
 from gpufleet.checkpoint.memtier import keeper_dir, release
 from gpufleet.core.ledger import read_events
-from support.toyrun import gpufleet_run
+from support.toyrun import final_sha, gpufleet_run
 
 pytestmark = pytest.mark.slow
 
@@ -25,21 +24,15 @@ BUDGET = 150_000  # toy_train's checkpoints weigh ~106 KB: one fits, each new on
 
 
 
-def final_sha(run_dir: Path) -> str:
-    outs = sorted(run_dir.glob("final-*.json"), key=lambda p: p.stat().st_mtime)
-    assert outs, f"no final weights in {run_dir}"
-    return json.loads(outs[-1].read_text())["sha256"]
 
 
 def evs(run_dir: Path, name: str) -> list[dict]:
     return [e for e in read_events(run_dir) if e["ev"] == name]
 
 
-def test_kill_9_restores_from_memory_bit_identical_within_budget(tmp_path: Path) -> None:
-    ref = gpufleet_run(tmp_path / "ref", steps=20)
-    assert ref.returncode == 0, ref.stderr[-2000:]
+def test_kill_9_restores_from_memory_bit_identical_within_budget(tmp_path: Path, toy_reference) -> None:
     run = tmp_path / "mem"
-    p = gpufleet_run(run, "--memory-tier", str(BUDGET), "--inject", "kill:rank=1,step=12,settle=1", steps=20)
+    p = gpufleet_run(run, "--memory-tier", str(BUDGET), "--inject", "kill:rank=1,step=12,settle=1", steps=30)
     assert p.returncode == 0, p.stderr[-3000:]
     assert [e["cause"] for e in evs(run, "failure")] == ["crash"]
     restores = evs(run, "restore")
@@ -53,7 +46,7 @@ def test_kill_9_restores_from_memory_bit_identical_within_budget(tmp_path: Path)
     kept = evs(run, "ckpt_memory")
     assert kept and all(k["kept"] and k["used_bytes"] <= k["budget_bytes"] == BUDGET for k in kept)
     assert any(k.get("evicted") for k in kept)  # the budget was enforced by eviction, not by luck
-    assert final_sha(run) == final_sha(tmp_path / "ref")
+    assert final_sha(run) == toy_reference(steps=30)["sha256"]
     assert not keeper_dir(run / "checkpoints").exists()  # gpufleet run frees the memory when it ends
 
 

@@ -69,14 +69,10 @@ def evs(run_dir: Path, name: str) -> list[dict]:
     return [e for e in read_events(run_dir) if e["ev"] == name]
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> dict:
+@pytest.fixture
+def reference(slurm_reference) -> dict:
     """A clean 2-node x 1-rank run: the bit-identical reference for the node-loss test."""
-    d = tmp_path_factory.mktemp("ref")
-    subprocess.run(["scancel", "--name=gpufleet-test"], timeout=15, check=False)
-    jobid = submit(d, "--nodes", "2")
-    wait_job(jobid, d)
-    return {"dir": d, "final": final(d), "job": jobid}
+    return slurm_reference
 
 
 def test_multinode_job_completes(reference):

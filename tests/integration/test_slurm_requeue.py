@@ -18,15 +18,18 @@ from pathlib import Path
 
 import pytest
 from slurm_helpers import (
+    REFERENCE_STEPS,
     final,
     kill,
     requires_slurm,
     restore_cluster,
     sh,
+    slurm_out,
     slurmd_pid,
     states,
     submit_run,
     wait_for,
+    wait_job_end,
 )
 
 from gpufleet.core.ledger import read_events
@@ -34,7 +37,7 @@ from gpufleet.core.ledger import read_events
 pytestmark = [pytest.mark.slow, requires_slurm]
 
 NAME = "gpufleet-test-requeue"  # own job name: scancel --name in the teardown touches only ours
-STEPS = 40
+STEPS = REFERENCE_STEPS
 
 
 @pytest.fixture(autouse=True)
@@ -50,25 +53,6 @@ def submit(run_dir: Path, *flags: str, sleep: float = 0.0) -> str:
     return submit_run(run_dir, *flags, job_name=NAME, steps=STEPS, sleep=sleep)
 
 
-def job(jobid: str) -> dict[str, str]:
-    """``scontrol show job -o``: kept by slurmctld for MinJobAge (300 s) after the job ends."""
-    p = subprocess.run(["scontrol", "show", "job", "-o", jobid], capture_output=True, text=True, timeout=15)
-    return dict(t.split("=", 1) for t in p.stdout.split() if "=" in t)
-
-
-def slurm_out(run_dir: Path) -> str:
-    return "".join(p.read_text(errors="replace") for p in run_dir.glob("slurm-*.out"))
-
-
-def wait_job(jobid: str, run_dir: Path, timeout: float) -> dict[str, str]:
-    """Until the job has ended for good (a requeued job goes back to PENDING, not to an end state)."""
-    ended = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL")
-    try:
-        wait_for(lambda: job(jobid).get("JobState") in ended, timeout, f"job {jobid} to end", every=1)
-    except AssertionError:
-        state = job(jobid).get("JobState")
-        raise AssertionError(f"job {jobid}: {state}; output:\n{slurm_out(run_dir)[-4000:]}") from None
-    return job(jobid)
 
 
 def sessions(run_dir: Path) -> list[list[dict]]:
@@ -83,17 +67,10 @@ def of(evs: list[dict], name: str) -> list[dict]:
     return [e for e in evs if e["ev"] == name]
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> dict:
+@pytest.fixture
+def reference(slurm_reference) -> dict:
     """A clean, uninterrupted 2-node x 1-rank run of the same job."""
-    d = tmp_path_factory.mktemp("ref")
-    subprocess.run(["scancel", f"--name={NAME}"], timeout=15, check=False)
-    restore_cluster()
-    jobid = submit(d, "--nodes", "2")
-    info = wait_job(jobid, d, timeout=120)
-    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "0", slurm_out(d)
-    assert final(d)["steps"] == list(range(STEPS))
-    return final(d)
+    return slurm_reference["final"]
 
 
 def test_time_limit_signal_final_checkpoint_then_requeue(tmp_path, reference):
@@ -102,7 +79,7 @@ def test_time_limit_signal_final_checkpoint_then_requeue(tmp_path, reference):
     wait_for(lambda: d.exists() and of(read_events(d), "ckpt_committed"), 90, "a committed checkpoint")
     # What slurmctld does 120 s before the time limit (--signal=B:USR1@120): USR1 to the batch shell.
     sh("scancel", "--signal=USR1", "--batch", jobid)
-    info = wait_job(jobid, d, timeout=150)
+    info = wait_job_end(jobid, d, timeout=150)
     out = slurm_out(d)
     assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 1, out
     assert f"gpufleet: requeueing job {jobid} (rc=0, time limit=1)" in out
@@ -133,7 +110,7 @@ def test_below_min_nodes_requeues_without_the_lost_node(tmp_path, reference):
     pid = slurmd_pid("n2")
     assert pid is not None
     kill(pid, a["ppid"], a["pid"], *a["pids"])  # the node dies: slurmd, its step, its ranks
-    info = wait_job(jobid, d, timeout=150)
+    info = wait_job_end(jobid, d, timeout=150)
     out = slurm_out(d)
     assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 1, out
     assert f"gpufleet: requeueing job {jobid} (rc=" in out

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.core.ledger import read_events
-from support.toyrun import assert_usage_error, gpufleet_run
+from support.toyrun import assert_usage_error, final, gpufleet_run
 
 pytestmark = pytest.mark.slow
 
@@ -20,25 +20,13 @@ SCRIPT = str(Path(__file__).parent / "scripts" / "toy_train.py")
 GPUFLEET = [sys.executable, "-m", "gpufleet.cli.main"]
 
 
-def final(run_dir: Path) -> dict:
-    outs = sorted(run_dir.glob("final-*.json"), key=lambda p: p.stat().st_mtime)
-    assert outs, f"no final weights written in {run_dir}"
-    return json.loads(outs[-1].read_text())
 
 
 def evs(run_dir: Path, name: str) -> list[dict]:
     return [e for e in read_events(run_dir) if e["ev"] == name]
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> dict:
-    d = tmp_path_factory.mktemp("reference")
-    p = gpufleet_run(d)
-    assert p.returncode == 0, p.stderr[-2000:]
-    return final(d)
-
-
-def test_crash_hang_nan_recover_bit_identical(tmp_path, reference):
+def test_crash_hang_nan_recover_bit_identical(tmp_path, toy_reference):
     p = gpufleet_run(
         tmp_path,
         "--inject",
@@ -47,6 +35,7 @@ def test_crash_hang_nan_recover_bit_identical(tmp_path, reference):
         "hang:rank=0,step=22,settle=1",
         "--inject",
         "nan:step=31",
+        standby=True,  # the default path of `gpufleet run`: restarts promote standby interpreters
     )
     assert p.returncode == 0, p.stderr[-3000:]
     causes = [e["cause"] for e in evs(tmp_path, "failure")]
@@ -67,16 +56,15 @@ def test_crash_hang_nan_recover_bit_identical(tmp_path, reference):
         verified = [e["step"] for e in events[:i] if e["ev"] == "ckpt_verified"]
         assert events[i]["step"] >= (max(committed) if committed else 0)
         assert not events[i]["fresh"] and verified and verified[-1] == events[i]["step"]
-    assert final(tmp_path)["sha256"] == reference["sha256"]
+    assert final(tmp_path)["sha256"] == toy_reference()["sha256"]
     end = evs(tmp_path, "run_end")[-1]
     assert end["status"] == "completed" and end["restarts"] == 3
 
 
-def test_three_ranks_resume_bit_identical_after_a_crash_and_an_in_process_restart(tmp_path):
+def test_three_ranks_resume_bit_identical_after_a_crash_and_an_in_process_restart(tmp_path, toy_reference):
     # With 3+ ranks the sum order of DDP's all-reduce depends on its bucket layout, which a new DDP
     # (every restart) first has differently: gpufleet.train.exactddp replays the rebuilt layout.
-    ref, crash, inproc = tmp_path / "ref", tmp_path / "crash", tmp_path / "inproc"
-    assert gpufleet_run(ref, nproc=3).returncode == 0
+    crash, inproc = tmp_path / "crash", tmp_path / "inproc"
     kill = ("--inject", "kill:rank=1,step=12,settle=1")
     p = gpufleet_run(crash, *kill, nproc=3)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -85,7 +73,7 @@ def test_three_ranks_resume_bit_identical_after_a_crash_and_an_in_process_restar
     for d, path in ((crash, "full"), (inproc, "in_process")):
         assert [e["path"] for e in evs(d, "restart")] == [path]
         assert [e["step"] for e in evs(d, "restore")][1] > 0  # 10 or 5: a save in flight skips the next
-        assert final(d)["sha256"] == final(ref)["sha256"], d.name
+        assert final(d)["sha256"] == toy_reference(nproc=3)["sha256"], d.name
     # The layout travels in the checkpoint's meta: parameter names per rebuilt bucket.
     manifest = json.loads(next((crash / "checkpoints").glob("step_*/manifest.json")).read_text())
     layout = manifest["meta"]["ddp_buckets"]

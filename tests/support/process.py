@@ -21,6 +21,7 @@ __all__ = [
     "child_env",
     "free_ports",
     "is_alive",
+    "read_env_file",
     "running_pid",
     "stop_pid",
     "stop_pid_file",
@@ -96,12 +97,25 @@ def stop_pid_file(pid_file: Path, grace_s: float) -> bool:
 
 
 def write_env_file(path: str | os.PathLike[str], env: Mapping[str, str], mode: int | None = None) -> None:
-    """``export K=V`` lines, one a variable, for a shell to ``source``; ``mode``: chmod it."""
+    """``export K=V`` lines, one a variable, for a shell to ``source``; ``mode``: chmod it. Written
+    to a temporary name and renamed, so a reader waiting for the file never sees half of it."""
     path = Path(path)
     lines = [f"export {k}={v}" for k, v in env.items()]
-    path.write_text("\n".join(lines) + "\n")
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("\n".join(lines) + "\n")
     if mode is not None:
-        path.chmod(mode)
+        tmp.chmod(mode)
+    tmp.replace(path)
+
+
+def read_env_file(path: str | os.PathLike[str]) -> dict[str, str]:
+    """The variables of a :func:`write_env_file` file."""
+    out = {}
+    for line in Path(path).read_text().splitlines():
+        key, sep, value = line.removeprefix("export ").partition("=")
+        if sep:
+            out[key.strip()] = value.strip()
+    return out
 
 
 class ChildService:

@@ -18,20 +18,47 @@ def gpufleet_run(
     timeout: float = 150,
     extra: tuple[str, ...] = (),
     nproc: int = 2,
+    standby: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """``nproc`` ranks (2), a checkpoint every 5 steps, a 3 s hang floor; ``flags`` go to `gpufleet run`,
-    ``extra`` to the script."""
+    ``extra`` to the script. Hot spares (standby interpreters) only where a test asks for them: each
+    costs an interpreter with torch per rank, and only the tests of spares read them."""
     cmd = [*GPUFLEET, "run", "-n", str(nproc), "--run-dir", str(run_dir), "--checkpoint-every", "5",
-           "--hang-timeout", "3", "--no-progress", *flags, "--", sys.executable, SCRIPT,
-           "--steps", str(steps), *extra]  # fmt: skip
+           "--hang-timeout", "3", "--no-progress", "--standby" if standby else "--no-standby", *flags,
+           "--", sys.executable, SCRIPT, "--steps", str(steps), *extra]  # fmt: skip
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
-def final_sha(run_dir: Path) -> str:
-    """The sha256 of the final weights toy_train.py wrote (the newest final-*.json)."""
+def final(run_dir: Path) -> dict:
+    """What toy_train.py wrote at the end (the newest final-*.json): ``sha256`` of the final weights,
+    the ``steps`` it saw, its parameters' devices."""
     outs = sorted(run_dir.glob("final-*.json"), key=lambda p: p.stat().st_mtime)
-    assert outs, f"no final weights in {run_dir}"
-    return json.loads(outs[-1].read_text())["sha256"]
+    assert outs, f"no final weights in {run_dir}: {sorted(p.name for p in run_dir.iterdir())}"
+    return json.loads(outs[-1].read_text())
+
+
+def final_sha(run_dir: Path) -> str:
+    """The sha256 of the final weights toy_train.py wrote."""
+    return final(run_dir)["sha256"]
+
+
+class ToyReferences:
+    """Clean runs of toy_train.py (no faults, no spares), one per (steps, ranks), made on first use and
+    shared by every test of the session that compares its final weights against one."""
+
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        self._finals: dict[tuple[int, int], dict] = {}
+
+    def __call__(self, steps: int = 40, nproc: int = 2) -> dict:
+        """The reference's :func:`final` record."""
+        key = (steps, nproc)
+        if key not in self._finals:
+            run_dir = self._root / f"steps{steps}-n{nproc}"
+            p = gpufleet_run(run_dir, steps=steps, nproc=nproc, timeout=300)
+            assert p.returncode == 0, p.stderr[-2000:]
+            self._finals[key] = final(run_dir)
+        return self._finals[key]
 
 
 def assert_usage_error(run_dir: Path, flags: list[str], needle: str) -> None:

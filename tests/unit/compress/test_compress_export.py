@@ -60,7 +60,7 @@ def test_tokenizer_mismatch_is_refused(tiny, tiny_tokenizer, tmp_path):
         export.write_gguf(tiny, tiny_tokenizer, tmp_path / "x.gguf")
 
 
-def test_llama_cpp_reads_the_gguf_to_the_same_logits(tiny, tiny_tokenizer, ids, tmp_path):
+def test_llama_cpp_reads_the_gguf_to_the_same_logits(llm_extra, tiny, tiny_tokenizer, ids, tmp_path):
     llama_cpp = pytest.importorskip("llama_cpp")
     model, tok = _pruned(tiny, tiny_tokenizer, ids)
     path = export.write_gguf(model, tok, tmp_path / "m.gguf", qtype="f16")
