@@ -28,8 +28,8 @@ from slurm_helpers import (
     wait_for,
 )
 
-from gpufleet.core.ledger import read_events
 from gpufleet.backends.slurm import actions as S
+from gpufleet.core.ledger import read_events
 
 pytestmark = [pytest.mark.slow, requires_slurm]
 
@@ -156,7 +156,8 @@ def test_healthcheck_program_drains_and_resumes_its_own(monkeypatch):
     wait_for(lambda: not states()["n3"].drained, 20, "the passing check to resume n3")
     assert states()["n1"].reason.startswith("admin: keep out")
     if fleet:
-        acts = [e for e in read_events(fleet) if e["ev"] == "node_action" and e["result"] == "done" and e["t"] >= t0]
+        done = [e for e in read_events(fleet) if e["ev"] == "node_action" and e["result"] == "done"]
+        acts = [e for e in done if e["t"] >= t0]
         assert [(e["node"], e["action"]) for e in acts if e["node"] == "n3"][:2] == [
             ("n3", "isolate"), ("n3", "release"),
         ]

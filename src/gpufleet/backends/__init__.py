@@ -55,7 +55,8 @@ def backend_class(name: str) -> type[Backend]:
     """The class registered as ``name``; the error lists the valid choices."""
     target = _REGISTRY.get(name)
     if target is None:
-        hint = f" ({name} submits a batch job: `gpufleet run --backend {name}`)" if name in _SUBMITTERS else ""
+        batch = name in _SUBMITTERS
+        hint = f" ({name} submits a batch job: `gpufleet run --backend {name}`)" if batch else ""
         raise UsageError(f"unknown backend {name!r}{hint}; valid backends: {', '.join(BACKENDS)}")
     found: type[Backend] = _load(target)
     return found

@@ -101,6 +101,7 @@ __all__ = [
     "SlurmBreakerOpen",
     "SlurmActionSkipped",
     "SlurmActionFailed",
+    "NodePlatform",
     "NodeActionKind",
     "NodeAction",
     # kind strings
@@ -792,6 +793,14 @@ class RayAction(Event):
     check: str | None = None  # the check (or operator) behind it
 
 
+class NodePlatform(enum.StrEnum):
+    """Where a node action is taken (``node_action.platform``)."""
+
+    SLURM = "slurm"
+    K8S = "k8s"
+    RAY = "ray"
+
+
 class NodeActionKind(enum.StrEnum):
     """A node action, on any platform (``node_action.action``)."""
 
@@ -806,7 +815,7 @@ class NodeAction(Event):
 
     kind: ClassVar[str] = "node_action"
     node: str  # the node, as the platform names it (a Ray node: the first 12 hex digits of its id)
-    platform: str  # slurm, k8s or ray
+    platform: NodePlatform  # slurm, k8s or ray
     action: NodeActionKind  # what was asked
     result: ActionResult  # done; refused (not gpufleet's node, breaker open, nothing to hold); failed
     reason: str  # the owned reason set (isolate, done), why (release), or why not

@@ -73,7 +73,7 @@ class Breaker:
 
     def __init__(
         self,
-        platform: str,
+        platform: E.NodePlatform,
         fleet: str | os.PathLike[str] | None = None,
         max_fraction: float | None = None,
         window_s: float | None = None,
@@ -85,7 +85,9 @@ class Breaker:
         if max_fraction is None:
             max_fraction = read_env(Env.BREAKER_FRACTION, float, BREAKER_FRACTION)
         self.max_fraction = max_fraction
-        self.window_s = read_env(Env.BREAKER_WINDOW_S, float, BREAKER_WINDOW_S) if window_s is None else window_s
+        if window_s is None:
+            window_s = read_env(Env.BREAKER_WINDOW_S, float, BREAKER_WINDOW_S)
+        self.window_s = window_s
 
     def recent(self, now: float | None = None) -> set[str]:
         """Nodes of this platform gpufleet isolated within the window."""
@@ -114,7 +116,7 @@ class NodeActions(ABC):
     and implement :meth:`isolate` and :meth:`release` with :meth:`record`, :meth:`guard` and
     :meth:`mark`."""
 
-    platform: ClassVar[str]
+    platform: ClassVar[E.NodePlatform]
 
     def __init__(
         self,

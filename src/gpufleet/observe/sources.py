@@ -580,9 +580,9 @@ class FleetSource(Source):
                         self.latest[key] = e
                     self.results[(e.node, _closed(e.status, HEALTH_STATUSES))] += 1
                 case E.NodeAction():
-                    self.node_actions[(e.platform, str(e.action), str(e.result))] += 1
+                    self.node_actions[(str(e.platform), str(e.action), str(e.result))] += 1
                     if e.hit is not None:
-                        self.breaker[e.platform] += 1
+                        self.breaker[str(e.platform)] += 1
                 case E.OperatorAction():
                     self.actions[(str(e.action), str(e.result))] += 1
                 case _:

@@ -1,6 +1,6 @@
 """Kubernetes: submitting a run, the supervisor inside the cluster, its pods' agent, node actions.
 
-- :mod:`.backend`: ``gpufleet run --backend k8s`` (:class:`~.backend.K8sSubmission` writes and applies
+- :mod:`.backend`: ``gpufleet run --backend k8s`` (:class:`~.backend.K8sSubmitter` writes and applies
   the manifests) and ``k8s-jobs`` (:class:`~.backend.K8sJobsBackend`, the supervisor in its pod: one
   indexed Job per attempt).
 - :mod:`.agent`: the worker pod's entry (``python -m gpufleet.backends.k8s``) and its preStop hook.

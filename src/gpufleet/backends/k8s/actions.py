@@ -53,7 +53,7 @@ def node_ready(core: Any, name: str) -> bool:
 class K8sActions(NodeActions):
     """Isolate (cordon + taint + label) and release Kubernetes nodes gpufleet owns (see the module doc)."""
 
-    platform: ClassVar[str] = "k8s"
+    platform: ClassVar[E.NodePlatform] = E.NodePlatform.K8S
 
     def __init__(
         self,
@@ -106,7 +106,8 @@ class K8sActions(NodeActions):
             mine = owned_reason(current)
             if mine is None or (only_check is not None and not mine.startswith(make_reason(only_check, ""))):
                 if current.spec.unschedulable:
-                    self.record(node, release, E.ActionResult.REFUSED, f"not ours: {mine or 'an admin cordon'}")
+                    why = f"not ours: {mine or 'an admin cordon'}"
+                    self.record(node, release, E.ActionResult.REFUSED, why)
                 return False
             body = {
                 "metadata": {"annotations": {OWNER_ANNOTATION: None}, "labels": {REPUTATION_LABEL: None}},

@@ -1,6 +1,6 @@
 """The Kubernetes backends: ``k8s`` submits a run, ``k8s-jobs`` is the supervisor inside the cluster.
 
-``gpufleet run --backend k8s --nodes M -n K --image IMG -- python train.py`` (:class:`K8sSubmission`)
+``gpufleet run --backend k8s --nodes M -n K --image IMG -- python train.py`` (:class:`K8sSubmitter`)
 writes the run's manifests (:mod:`gpufleet.backends.k8s.manifests`) under ``RUN_DIR/k8s/`` and, without
 ``--dry-run``, creates them through the official ``kubernetes`` client. Inside the cluster the
 supervisor pod runs ``gpufleet run --backend k8s-jobs`` (:class:`K8sJobsBackend`): per attempt it
@@ -47,7 +47,7 @@ from gpufleet.core.env import Env
 from gpufleet.core.errors import ConfigError
 from gpufleet.core.ledger import EventSink
 
-__all__ = ["K8sJobsBackend", "K8sAttempt", "K8sSubmission", "api_clients", "submit", "LOST_CODE"]
+__all__ = ["K8sJobsBackend", "K8sAttempt", "K8sSubmitter", "api_clients", "submit", "LOST_CODE"]
 
 LOST_CODE = -9
 JOB_ENV = "GPUFLEET_K8S_JOB"  # the K8sJob as JSON (set in the supervisor's pod spec)

@@ -1,4 +1,4 @@
-"""``python -m gpufleet.backends.ray``: the node agent a Ray actor starts (:mod:`gpufleet.backends.ray.agent`)."""
+"""``python -m gpufleet.backends.ray``: the node agent that a Ray actor starts (:mod:`.agent`)."""
 
 from gpufleet.backends.ray.agent import main
 

@@ -216,7 +216,7 @@ class RayActions(NodeActions):
     """Quarantine (isolate) and release Ray nodes by node id; the ledger names them by
     :func:`~gpufleet.backends.ray.backend.node_name`. :attr:`outcome` says what the last call did."""
 
-    platform: ClassVar[str] = "ray"
+    platform: ClassVar[E.NodePlatform] = E.NodePlatform.RAY
 
     def __init__(
         self, fleet: str | os.PathLike[str] | None = None, resource: str = RESOURCE

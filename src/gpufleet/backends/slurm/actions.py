@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -99,7 +98,7 @@ def cluster_nodes(timeout: float = DEFAULT_TIMEOUT_S) -> list[NodeInfo]:
 class SlurmActions(NodeActions):
     """Drain (isolate) and resume (release) Slurm nodes gpufleet owns (see the module doc)."""
 
-    platform: ClassVar[str] = "slurm"
+    platform: ClassVar[E.NodePlatform] = E.NodePlatform.SLURM
 
     def __init__(
         self,
@@ -126,7 +125,8 @@ class SlurmActions(NodeActions):
             if not self.guard(node, len(cluster_nodes(self.timeout)), check, detail):
                 return False
             reason = make_reason(check, detail)
-            run_slurm(["scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}"], self.timeout)
+            drain = ["scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}"]
+            run_slurm(drain, self.timeout)
         except SlurmError as e:
             self.record(node, isolate, E.ActionResult.FAILED, str(e), check=check)
             raise
@@ -188,9 +188,8 @@ def healthcheck(node: str, command: list[str], timeout: float = 50.0) -> int:
 def main(argv: list[str]) -> int:
     """``python -m gpufleet.backends.slurm healthcheck [NODE] -- CHECK ...``."""
     if len(argv) < 2 or argv[0] != "healthcheck" or "--" not in argv:
-        print(
-            "usage: python -m gpufleet.backends.slurm healthcheck [NODE] -- CHECK_COMMAND ...", file=sys.stderr
-        )
+        usage = "usage: python -m gpufleet.backends.slurm healthcheck [NODE] -- CHECK_COMMAND ..."
+        print(usage, file=sys.stderr)
         return ExitCode.USAGE
     sep = argv.index("--")
     node = argv[1] if sep > 1 else os.environ.get("SLURMD_NODENAME", "")

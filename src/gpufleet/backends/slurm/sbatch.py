@@ -32,8 +32,8 @@ from gpufleet.backends.slurm.srun import REQUEUE_MARK
 from gpufleet.core.errors import ConfigError, UsageError
 
 __all__ = [
-    "SlurmSubmitter", "SbatchSpec", "Submission", "submit_batch", "render_sbatch", "time_limit_s", "write_sbatch", "submit",
-    "exclusions", "parse_jobid",
+    "SlurmSubmitter", "SbatchSpec", "Submission", "submit_batch", "render_sbatch", "time_limit_s",
+    "write_sbatch", "submit", "exclusions", "parse_jobid",
 ]
 
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
@@ -188,8 +188,8 @@ def exclusions(extra: Sequence[str] = (), fleet: str | None = None) -> list[str]
 
     When Slurm answers, names it does not know are dropped (sbatch rejects unknown nodes).
     """
-    from gpufleet.health.nodes import exclude_list
     from gpufleet.backends.slurm.actions import SlurmError, cluster_nodes
+    from gpufleet.health.nodes import exclude_list
 
     names = set(exclude_list(fleet)) | {n for n in extra if n}
     try:

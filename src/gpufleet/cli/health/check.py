@@ -1,8 +1,9 @@
 """``gpufleet health check|watch``: tiered node checks (docs/health.md).
 
 ``register(app)`` adds both commands to the ``health`` group; the options and :func:`render_report` are
-shared with the group's other modules. Thin: parse, call :mod:`gpufleet.health`, render. Exit codes of ``check`` fit Slurm's
-HealthCheckProgram and node-problem-detector plugins: 0 OK, 1 problem (a FAIL), 3 unknown (INCOMPLETE).
+shared with the group's other modules. Thin: parse, call :mod:`gpufleet.health`, render. Exit codes
+of ``check`` fit Slurm's HealthCheckProgram and node-problem-detector plugins: 0 OK, 1 problem (a
+FAIL), 3 unknown (INCOMPLETE).
 """
 
 from __future__ import annotations

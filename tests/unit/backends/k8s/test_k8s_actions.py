@@ -34,7 +34,7 @@ def k8s_events(fleet) -> list[dict]:
 def cordoned(node: str, t: float) -> E.NodeAction:
     """A past cordon by gpufleet, as the fleet ledger holds it."""
     done, isolate = E.ActionResult.DONE, E.NodeActionKind.ISOLATE
-    return E.NodeAction(t=t, node=node, platform="k8s", action=isolate, result=done, reason="x")
+    return E.NodeAction(t=t, node=node, platform=E.NodePlatform.K8S, action=isolate, result=done, reason="x")
 
 
 def run(name: str, fleet, call):

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from gpufleet.backends.slurm import actions as S
 from gpufleet.core import events as E
 from gpufleet.core.ledger import read_events
 from gpufleet.health.actions import Breaker
-from gpufleet.backends.slurm import actions as S
 
 # Recorded `sinfo -h -N -o '%N|%T|%E'` output (Slurm 22.05): n2 admin-drained, n3 drained by gpufleet.
 SINFO = """n1|idle|none
@@ -97,7 +97,7 @@ def test_resume_only_owned_and_only_check(fake):
 
 
 def test_breaker_refuses_past_half_of_the_fleet_and_alerts(fake, tmp_path, capsys):
-    acts = S.SlurmActions(breaker=Breaker("slurm", max_fraction=0.5, window_s=300))
+    acts = S.SlurmActions(breaker=Breaker(E.NodePlatform.SLURM, max_fraction=0.5, window_s=300))
     assert acts.isolate("n1", "health", "a")  # 1/4
     assert acts.isolate("n4", "health", "b")  # 2/4 = 50%: not more than
     assert acts.isolate("n1", "health", "again")  # same node again: still 2 hit
@@ -111,17 +111,17 @@ def test_breaker_refuses_past_half_of_the_fleet_and_alerts(fake, tmp_path, capsy
 
 
 def test_breaker_window_forgets_old_hits(tmp_path):
-    b = Breaker("slurm", tmp_path, max_fraction=0.5, window_s=60)
+    b = Breaker(E.NodePlatform.SLURM, tmp_path, max_fraction=0.5, window_s=60)
     from gpufleet.core.ledger import Ledger
 
-    def isolated(node: str, t: float, platform: str = "slurm") -> E.NodeAction:
+    def isolated(node: str, t: float, platform: str = E.NodePlatform.SLURM) -> E.NodeAction:
         done, isolate = E.ActionResult.DONE, E.NodeActionKind.ISOLATE
         return E.NodeAction(t=t, node=node, platform=platform, action=isolate, result=done, reason="x")
 
     with Ledger(tmp_path) as led:
         led.emit(isolated("a", 1000.0))
         led.emit(isolated("b", 1050.0))
-        led.emit(isolated("k", 1050.0, platform="k8s"))  # another platform's nodes: not counted here
+        led.emit(isolated("k", 1050.0, platform=E.NodePlatform.K8S))  # another platform's nodes: not counted here
     assert b.allows("c", 4, now=1055.0) == (False, 3)
     assert b.allows("c", 4, now=1100.0) == (True, 2)  # a is out of the window
     assert b.allows("c", 4, held={"d"}, now=1100.0) == (False, 3)  # a platform's held nodes count too
