@@ -121,7 +121,7 @@ def test_breaker_window_forgets_old_hits(tmp_path):
     with Ledger(tmp_path) as led:
         led.emit(isolated("a", 1000.0))
         led.emit(isolated("b", 1050.0))
-        led.emit(isolated("k", 1050.0, platform=E.NodePlatform.K8S))  # another platform's nodes: not counted here
+        led.emit(isolated("k", 1050.0, platform=E.NodePlatform.K8S))  # another platform: not counted
     assert b.allows("c", 4, now=1055.0) == (False, 3)
     assert b.allows("c", 4, now=1100.0) == (True, 2)  # a is out of the window
     assert b.allows("c", 4, held={"d"}, now=1100.0) == (False, 3)  # a platform's held nodes count too
