@@ -31,7 +31,7 @@ LAYERS = [
     ),
     (
         "train/  ·  backends/",
-        "Run, supervisor, faults, rollback, loader state\nBackend + Attempt: local, srun + agent, slurm",
+        "Run, supervisor, faults, rollback, loader state\nBackend + Attempt: local; slurm/, k8s/, ray/",
         "#fff2cc",
     ),
     (
@@ -113,7 +113,7 @@ def draw(out: Path) -> None:
     ext = [
         "Extension points",
         "backends: Backend.start -> Attempt (poll, request_final_checkpoint, stop, events),",
-        "     after_failure -> Verdict; registry in backends/__init__ (local, srun; ray, k8s later)",
+        "     after_failure -> Verdict; registry in backends/__init__; one subpackage per platform",
         "health: @register(name, component=...) checks by family; plans, GPU profiles: health/data/*.toml",
         "storage: the checkpoint tiers, local directory + S3 (checkpoint/remote.py, s3.py)",
         "serve: latency profiles (serve/plan/data/profiles/*.json, or fitted by serve profile)",

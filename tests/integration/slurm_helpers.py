@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.health import slurm as S
+from gpufleet.backends.slurm import actions as S
 
 requires_slurm = pytest.mark.skipif(
     shutil.which("sinfo") is None or not os.environ.get("SLURM_CONF"),

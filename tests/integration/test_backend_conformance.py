@@ -88,7 +88,7 @@ Factory = Callable[[pytest.FixtureRequest], tuple[Backend, int]]
 
 
 def srun_backend(request: pytest.FixtureRequest) -> tuple[Backend, int]:
-    from gpufleet.backends.srun import SrunBackend
+    from gpufleet.backends.slurm.srun import SrunBackend
 
     job_id, nodes = request.getfixturevalue("slurm_allocation")
     request.getfixturevalue("monkeypatch").setenv("SLURM_JOB_ID", job_id)  # srun steps join the job
@@ -96,7 +96,7 @@ def srun_backend(request: pytest.FixtureRequest) -> tuple[Backend, int]:
 
 
 def ray_backend(request: pytest.FixtureRequest) -> tuple[Backend, int]:
-    from gpufleet.backends.ray import RayBackend
+    from gpufleet.backends.ray.backend import RayBackend
 
     return RayBackend(address=ray_address(), nodes=2, agent_grace_s=1.0), 1
 
@@ -106,8 +106,8 @@ def k8s_jobs_backend(request: pytest.FixtureRequest) -> tuple[Backend, int]:
     pytest.importorskip("kubernetes")
     from k8s_fake import FakeCluster
 
-    from gpufleet.backends.k8s import K8sJobsBackend
-    from gpufleet.k8s.manifests import K8sJob
+    from gpufleet.backends.k8s.backend import K8sJobsBackend
+    from gpufleet.backends.k8s.manifests import K8sJob
 
     cluster = FakeCluster()
     request.addfinalizer(cluster.close)
@@ -140,7 +140,7 @@ def slurm_allocation() -> Iterator[tuple[str, list[str]]]:
         nodelist = subprocess.run(
             ["squeue", "-h", "-j", job_id, "-o", "%N"], capture_output=True, text=True, timeout=15, check=True
         ).stdout.strip()
-        from gpufleet.backends.srun import hostnames
+        from gpufleet.backends.slurm.srun import hostnames
 
         yield job_id, hostnames(nodelist)
     finally:

@@ -35,8 +35,8 @@ while True:
 
 
 def test_lost_node_is_recorded_cordoned_and_avoided(tmp_path, monkeypatch):
-    from gpufleet.backends.k8s import K8sJobsBackend
-    from gpufleet.k8s.manifests import K8sJob
+    from gpufleet.backends.k8s.backend import K8sJobsBackend
+    from gpufleet.backends.k8s.manifests import K8sJob
 
     monkeypatch.setenv("GPUFLEET_FLEET_DIR", str(tmp_path / "fleet"))
     (tmp_path / "run").mkdir()
@@ -68,9 +68,9 @@ def test_lost_node_is_recorded_cordoned_and_avoided(tmp_path, monkeypatch):
             verdict = backend.after_failure(run, ledger)
         assert verdict.restart
         evs = read_events(tmp_path / "run")
-        assert [(e["ev"], e["node"]) for e in evs if e["ev"] in ("node_lost", "k8s_action")] == [
+        assert [(e["ev"], e["node"]) for e in evs if e["ev"] in ("node_lost", "node_action")] == [
             ("node_lost", "fake-node-1"),
-            ("k8s_action", "fake-node-1"),
+            ("node_action", "fake-node-1"),
         ]
         ((node, patch),) = cluster.patches
         assert node == "fake-node-1" and patch["spec"]["unschedulable"] is True
@@ -154,7 +154,7 @@ def test_supervisor_in_a_fake_pod_survives_a_node_loss_bit_identical(tmp_path):
     newest verified checkpoint, and ends bit-identical to a plain 2-rank run."""
     from k8s_fake import write_kubeconfig
 
-    from gpufleet.k8s.manifests import K8sJob
+    from gpufleet.backends.k8s.manifests import K8sJob
 
     ref = tmp_path / "ref"
     base = {**os.environ, "GPUFLEET_FLEET_DIR": str(tmp_path / "fleet")}

@@ -127,7 +127,7 @@ def test_health_sweep_cli_quarantines_the_failing_node_and_release_returns_it(tm
     --env and {node}) is held out of placement only with --quarantine; `health release` returns it."""
     import ray
 
-    from gpufleet.backends import ray as R
+    from gpufleet.backends.ray import backend as R
 
     fleet = tmp_path / "fleet"
     plan = tmp_path / "gpu.toml"
@@ -158,7 +158,7 @@ def test_health_sweep_cli_quarantines_the_failing_node_and_release_returns_it(tm
         )
         assert "Ray health sweep" in p.stdout and "FAIL" in p.stdout
         assert R.quarantined() == {}
-        assert not [e for e in read_events(fleet) if e["ev"] in ("ray_action", "node_state")]
+        assert not [e for e in read_events(fleet) if e["ev"] in ("node_action", "node_state")]
 
         # 2. with --quarantine: the failing node's gpufleet resource is held
         p = gpufleet_cli(*sweep, "--quarantine", "--json")
@@ -195,7 +195,7 @@ def test_health_sweep_cli_quarantines_the_failing_node_and_release_returns_it(tm
                              "--fleet-dir", str(fleet))  # fmt: skip
             assert p.returncode == 1 and "not quarantined" in p.stderr
         finally:
-            from gpufleet.backends import ray_health as H
+            from gpufleet.backends.ray import quarantine as H
 
             H.release(bad)  # whatever failed above, never leave the hold behind for the next tests
         wait_for(lambda: ray.available_resources().get(R.RESOURCE, 0) == total, 60, "the release")
@@ -209,9 +209,9 @@ def test_health_sweep_cli_quarantines_the_failing_node_and_release_returns_it(tm
             (R.node_name(bad), "suspect", "gpufleet"),
             (R.node_name(bad), "in_service", "admin"),
         ]
-        audit = [(e["node"], e["action"], e["result"]) for e in fleet_evs if e["ev"] == "ray_action"]
+        audit = [(e["node"], e["action"], e["result"]) for e in fleet_evs if e["ev"] == "node_action"]
         assert audit == [
-            (R.node_name(bad), "quarantine", "done"),
+            (R.node_name(bad), "isolate", "done"),
             (R.node_name(bad), "release", "done"),
             (R.node_name(bad), "release", "refused"),
         ]  # the audit trail
@@ -264,7 +264,7 @@ def test_a_node_that_keeps_failing_is_excluded(tmp_path, monkeypatch):
     is whichever runs on that node (the first attempt's rank 1's): placement groups do not promise a
     rank the same node twice."""
     from gpufleet.backends import Blame, LaunchSpec
-    from gpufleet.backends.ray import RayBackend
+    from gpufleet.backends.ray.backend import RayBackend
     from gpufleet.core import events as E
     from gpufleet.core.ledger import Ledger
 
@@ -316,7 +316,7 @@ def test_a_node_that_keeps_failing_is_excluded(tmp_path, monkeypatch):
 
 
 def node_name_of(node_id: str) -> str:
-    from gpufleet.backends.ray import node_name
+    from gpufleet.backends.ray.backend import node_name
 
     return node_name(node_id)
 

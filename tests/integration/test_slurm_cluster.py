@@ -28,8 +28,8 @@ from slurm_helpers import (
     wait_for,
 )
 
+from gpufleet.backends.slurm import actions as S
 from gpufleet.core.ledger import read_events
-from gpufleet.health import slurm as S
 
 pytestmark = [pytest.mark.slow, requires_slurm]
 
@@ -106,7 +106,7 @@ def test_node_loss_recovers_on_healthy_nodes_bit_identical(tmp_path, reference):
     # isolated in Slurm with gpufleet's reason, and in the node state log -> excluded next time
     info = states()["n2"]
     assert info.drained and info.reason.startswith("gpufleet: node-lost:")
-    from gpufleet.backends.slurm import exclusions
+    from gpufleet.backends.slurm.sbatch import exclusions
 
     assert exclusions() == ["n2"]
 
@@ -114,16 +114,16 @@ def test_node_loss_recovers_on_healthy_nodes_bit_identical(tmp_path, reference):
 def test_drain_resume_ownership_on_real_slurm():
     acts = S.SlurmActions()
     sh("scontrol", "update", "nodename=n3", "state=drain", "reason=admin: bios update")
-    assert acts.drain("n3", "health", "would overwrite") is False
-    assert acts.resume("n3") is False
+    assert acts.isolate("n3", "health", "would overwrite") is False
+    assert acts.release("n3") is False
     assert states()["n3"].reason.startswith("admin: bios update")
     # ("drill", not "health": the CI HealthCheckProgram resumes its own health drains every 5 s)
-    assert acts.drain("n1", "drill", "matmul slow") is True
+    assert acts.isolate("n1", "drill", "matmul slow") is True
     assert states()["n1"].drained and states()["n1"].reason == "gpufleet: drill: matmul slow"
     # breaker: n1 and n2 hit within the window = 2/3 nodes > 50%: n2 is not drained, an alert instead
-    assert acts.drain("n2", "drill", "also slow") is False
+    assert acts.isolate("n2", "drill", "also slow") is False
     assert not states()["n2"].drained
-    assert acts.resume("n1") is True
+    assert acts.release("n1") is True
     wait_for(lambda: not states()["n1"].drained, 10, "n1 resumed")
     assert states()["n3"].drained  # the admin's drain is still there
 
@@ -142,7 +142,7 @@ def test_healthcheck_program_drains_and_resumes_its_own(monkeypatch):
         # The check did run on n1 and failed there, yet left the admin's drain alone (it says why).
         def skipped_n1() -> bool:
             return any(
-                e["ev"] == "slurm_action_skipped" and e["node"] == "n1" and e["t"] >= t0
+                e["ev"] == "node_action" and e["result"] == "refused" and e["node"] == "n1" and e["t"] >= t0
                 for e in read_events(fleet)
             )
 
@@ -152,7 +152,8 @@ def test_healthcheck_program_drains_and_resumes_its_own(monkeypatch):
     wait_for(lambda: not states()["n3"].drained, 20, "the passing check to resume n3")
     assert states()["n1"].reason.startswith("admin: keep out")
     if fleet:
-        acts = [e for e in read_events(fleet) if e["ev"] == "slurm_action" and e["t"] >= t0]
+        done = [e for e in read_events(fleet) if e["ev"] == "node_action" and e["result"] == "done"]
+        acts = [e for e in done if e["t"] >= t0]
         assert [(e["node"], e["action"]) for e in acts if e["node"] == "n3"][:2] == [
-            ("n3", "drain"), ("n3", "resume"),
+            ("n3", "isolate"), ("n3", "release"),
         ]

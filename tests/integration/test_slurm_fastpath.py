@@ -121,8 +121,8 @@ def test_straggler_restart_drains_its_node_and_the_spare_finishes_bit_identical(
     # isolated in Slurm with gpufleet's reason, audited in the run's ledger
     info = states()["n2"]
     assert info.drained and info.reason.startswith("gpufleet: straggler: persistent straggler (rank 1)")
-    acts = [(a["node"], a["action"], a["check"]) for a in evs(d, "slurm_action")]
-    assert acts == [("n2", "drain", "straggler")]
+    acts = [(a["node"], a["action"], a["check"]) for a in evs(d, "node_action")]
+    assert acts == [("n2", "isolate", "straggler")]
     # its reputation drops: a failure (suspect, then drained) in the fleet ledger; kept off new jobs
     states_n2 = [(e["state"], e.get("check")) for e in node_states(tmp_path / "fleet")["n2"]]
     assert states_n2[0] == ("suspect", "straggler") and states_n2[-1][0] == "drained", states_n2

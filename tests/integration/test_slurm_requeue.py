@@ -132,6 +132,6 @@ def test_below_min_nodes_requeues_without_the_lost_node(tmp_path, reference):
     assert final(d)["sha256"] == reference["sha256"]
     n2 = states()["n2"]
     assert n2.drained and n2.reason.startswith("gpufleet: node-lost:")
-    from gpufleet.backends.slurm import exclusions
+    from gpufleet.backends.slurm.sbatch import exclusions
 
     assert exclusions() == ["n2"]

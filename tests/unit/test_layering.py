@@ -37,9 +37,11 @@ API = "gpufleet"  # the package's own __init__ (init, Run, StepSampler, the erro
 # Lowest first. Packages planned by the design but not written yet are listed where they will sit.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("core",),
-    ("checkpoint", "health", "reliability", "serve", "compress", "observe", "fleet", "k8s"),
+    ("checkpoint", "health", "reliability", "serve", "compress", "observe", "fleet"),
     ("train", "backends"),
-    (API, "demo", "ray"),  # demo: a user of the public API and of the supervisor, like a user's script
+    # demo: a user of the public API and of the supervisor, like a user's script; ray: the public API
+    # inside a Ray Train loop (it calls gpufleet.init)
+    (API, "demo", "ray"),
     ("cli",),
 )
 LAYER_OF = {pkg: i for i, names in enumerate(LAYERS) for pkg in names}

@@ -13,7 +13,7 @@ and exits with that rank's code at once, so srun (and the supervisor) hear about
 Reports, on the run directory (shared by all nodes): ``agents/attempt-A/NODE.json`` at start (pids,
 Slurm step) and ``NODE.exit.json`` at exit (codes; ``worker_code``: the failed rank's own exit
 code, -N for signal N, which the srun backend reports instead of the agent's 128+N). A node whose
-agent never wrote its exit report is a candidate for "node lost" (see :mod:`gpufleet.backends.srun`).
+agent never wrote its exit report is a candidate for "node lost" (see :mod:`gpufleet.backends.slurm.srun`).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -36,6 +36,7 @@ __all__ = [
     "Verdict",
     "CONTINUE",
     "Backend",
+    "Submitter",
 ]
 
 # Waits for the survivors of a failure to leave their round: True all in place, False one rebuilds,
@@ -168,6 +169,13 @@ class Backend(ABC):
 
     name: ClassVar[str]
 
+    @classmethod
+    def options(cls, flags: Mapping[str, Any]) -> dict[str, Any]:
+        """The constructor's keywords from ``gpufleet run``'s flags (by parameter name, as Typer gives
+        them). A backend without options of its own takes none."""
+        del flags
+        return {}
+
     def prepare(self, spec: LaunchSpec, *, eager: bool = False) -> None:
         """Warm up for the next attempt before a failure happens (e.g. pre-spawn standby interpreters).
 
@@ -215,3 +223,22 @@ class Backend(ABC):
     def close(self) -> None:
         """Release anything prepared but unused."""
         return None
+
+
+class Submitter(ABC):
+    """A batch submission (``gpufleet run --backend slurm`` or ``k8s``): it writes (and submits) a job
+    whose supervisor runs the same ``gpufleet run`` inside it, on the :attr:`inner` backend."""
+
+    inner: ClassVar[str]
+    """The registered backend the supervisor uses inside the job."""
+
+    @classmethod
+    @abstractmethod
+    def from_flags(cls, flags: Mapping[str, Any]) -> Submitter:
+        """The submission ``gpufleet run``'s flags describe; ConfigError on a bad value."""
+
+    @abstractmethod
+    def submit(
+        self, command: list[str], nproc_per_node: int, run_dir: str, supervisor_flags: list[str]
+    ) -> int:
+        """Write the job (and submit it unless a dry run); print where it went. The exit code."""

@@ -19,6 +19,7 @@ import typer
 from gpufleet.core.errors import UsageError
 
 if TYPE_CHECKING:
+    from gpufleet.health.actions import NodeActions
     from gpufleet.observe.sources import Sources
 
 __all__ = ["register", "metrics_app", "dashboard_app", "SourceRequest"]
@@ -283,7 +284,7 @@ def mcp_command(
         fleet_dir=req.fleet_dir,
         serve_dirs=list(req.serve_dirs),
         allow_actions=allow_actions,
-        slurm=slurm,
+        node_actions=_slurm_actions if slurm else None,
     )
     server = build_server(cfg)
     if transport == "stdio":
@@ -291,6 +292,12 @@ def mcp_command(
         return
     _announce(f"http://{where.host}:{where.port}/mcp", where.loopback)
     server.run("streamable-http", host=where.host, port=where.port)
+
+
+def _slurm_actions(fleet: Path) -> NodeActions:
+    from gpufleet.backends.slurm.actions import SlurmActions
+
+    return SlurmActions(fleet=fleet)
 
 
 def register(app: typer.Typer) -> None:

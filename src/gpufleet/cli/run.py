@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
+    from gpufleet.backends.base import Submitter
     from gpufleet.observe.exporter import Listen
     from gpufleet.train.settings import SupervisorConfig
     from gpufleet.train.supervisor import Outcome
 
-__all__ = ["register", "RunRequest", "SlurmJob"]
+__all__ = ["register", "RunRequest"]
 
 _HELP = (
     "Run COMMAND (after --) as N supervised workers; restart on crash, hang or loss spike.\n\n"
@@ -45,61 +46,29 @@ def register(app: typer.Typer) -> None:
 
 
 @dataclass(frozen=True)
-class SlurmJob:
-    """The flags that describe the Slurm batch job itself (``--backend slurm``)."""
-
-    nodes: int
-    spare_nodes: int
-    min_nodes: int | None
-    partition: str | None
-    time_limit: str | None
-    exclude: tuple[str, ...]
-    job_name: str
-    submit: bool
-
-
-@dataclass(frozen=True)
 class RunRequest:
     """What ``gpufleet run`` was asked to do. Building one validates every flag (ConfigError)."""
 
-    config: SupervisorConfig  # for --backend slurm: the supervisor that will run inside the job
-    slurm: SlurmJob | None = None
+    config: SupervisorConfig  # for a batch submission: the supervisor that will run inside the job
+    submitter: Submitter | None = None  # --backend slurm or k8s: the batch job to write and submit
     metrics: Listen | None = None  # --metrics: serve this run's Prometheus metrics while it runs
 
     @classmethod
     def from_flags(cls, p: Mapping[str, Any], command: list[str], *, tty: bool) -> RunRequest:
         """``p``: the command's parameters by name; ``tty``: whether the live view would be on by default."""
-        from gpufleet.backends import BACKENDS
-        from gpufleet.core.errors import UsageError
+        from gpufleet.backends import BACKENDS, backend_class, submitter_class
         from gpufleet.train.settings import SupervisorConfig
 
-        backend = p["backend"]
-        if backend not in ("slurm", "k8s") and backend not in BACKENDS:
-            choices = ", ".join((*BACKENDS, "slurm", "k8s"))
-            raise UsageError(f"--backend {backend!r} is not a backend; valid backends: {choices}")
-        slurm = None
-        options: dict[str, Any] = {}
-        if backend == "slurm":
-            slurm = SlurmJob(
-                nodes=p["nodes"] or 1,
-                spare_nodes=p["spare_nodes"],
-                min_nodes=p["min_nodes"],
-                partition=p["partition"],
-                time_limit=p["time_limit"],
-                exclude=tuple(p["exclude"] or ()),
-                job_name=p["job_name"],
-                submit=p["submit"],
-            )
-        if backend in ("slurm", "srun"):
-            options = {"nodes": p["nodes"], "min_nodes": p["min_nodes"]}
-        if backend == "ray":
-            options = {"address": p["address"], "nodes": p["nodes"], "min_nodes": p["min_nodes"]}
+        # not a backend: a batch submission, or else an error that lists every choice
+        submitter_cls = submitter_class(p["backend"]) if p["backend"] not in BACKENDS else None
+        # a batch submission's supervisor runs inside the job, on the submitter's inner backend
+        backend = submitter_cls.inner if submitter_cls is not None else p["backend"]
+        options = backend_class(backend).options(p)
         config = SupervisorConfig(
             command=command,
             nproc=p["nproc_per_node"],
             run_dir=p["run_dir"],
-            # inside the job (pod), the supervisor uses srun (k8s-jobs)
-            backend={"slurm": "srun", "k8s": "k8s-jobs"}.get(backend, backend),
+            backend=backend,
             max_restarts=p["max_restarts"],
             restart_window=p["restart_window"],
             max_no_progress=p["max_no_progress"],
@@ -129,7 +98,8 @@ class RunRequest:
             from gpufleet.observe.exporter import parse_listen
 
             metrics = parse_listen(p["metrics"])
-        return cls(config=config, slurm=slurm, metrics=metrics)
+        submitter = submitter_cls.from_flags(p) if submitter_cls is not None else None
+        return cls(config=config, submitter=submitter, metrics=metrics)
 
 
 def run_command(
@@ -276,12 +246,9 @@ def run_command(
     ] = None,
 ) -> int:
     request = RunRequest.from_flags(ctx.params, list(ctx.args), tty=sys.stderr.isatty())
-    if backend == "k8s":
-        from gpufleet.backends.k8s import submit_command
-
-        return submit_command(request.config, ctx.params, _supervisor_flags(ctx))
-    if request.slurm is not None:
-        return _submit_slurm(request.config, request.slurm, _supervisor_flags(ctx))
+    if request.submitter is not None:
+        cfg = request.config
+        return request.submitter.submit(list(cfg.command), cfg.nproc, cfg.run_dir, _supervisor_flags(ctx))
     from gpufleet.train.supervisor import Supervisor
 
     if request.config.worker.memory_tier:  # the keeper outlives every worker, not the run
@@ -310,7 +277,7 @@ def _render(outcome: Outcome) -> int:
     return outcome.exit_code
 
 
-# Options that describe the Slurm job itself, not the supervisor that runs inside it.
+# Options that describe the batch job (Slurm, Kubernetes) itself, not the supervisor that runs inside it.
 _JOB_OPTIONS = {
     "nproc_per_node", "run_dir", "backend", "nodes", "spare_nodes", "min_nodes", "partition",
     "time_limit", "exclude", "job_name", "submit", "progress", "address", "image", "namespace", "run_claim",
@@ -336,31 +303,3 @@ def _supervisor_flags(ctx: typer.Context) -> list[str]:
         else:
             out += [p.opts[0], str(value)]
     return out
-
-
-def _submit_slurm(config: SupervisorConfig, job: SlurmJob, supervisor_flags: list[str]) -> int:
-    from gpufleet.backends.slurm import SbatchSpec, submit_batch
-
-    spec = SbatchSpec(
-        command=config.command,
-        run_dir=config.run_dir,
-        nodes=job.nodes,
-        spare_nodes=job.spare_nodes,
-        min_nodes=job.min_nodes,
-        nproc_per_node=config.nproc,
-        partition=job.partition,
-        time=job.time_limit,
-        job_name=job.job_name,
-        exclude=list(job.exclude),  # submit_batch adds the node state log's
-        supervisor_flags=supervisor_flags,
-    )
-    sub = submit_batch(spec, dry_run=not job.submit)
-    if sub.job_id is None:
-        print(f"gpufleet: wrote {sub.script} (not submitted; sbatch {sub.script})", file=sys.stderr)
-        return 0
-    print(sub.job_id)
-    print(
-        f"gpufleet: submitted job {sub.job_id} ({sub.script}); see `gpufleet report {spec.run_dir}`",
-        file=sys.stderr,
-    )
-    return 0

@@ -101,6 +101,9 @@ __all__ = [
     "SlurmBreakerOpen",
     "SlurmActionSkipped",
     "SlurmActionFailed",
+    "NodePlatform",
+    "NodeActionKind",
+    "NodeAction",
     # kind strings
     "RUN_START",
     "RUN_END",
@@ -790,6 +793,38 @@ class RayAction(Event):
     check: str | None = None  # the check (or operator) behind it
 
 
+class NodePlatform(enum.StrEnum):
+    """Where a node action is taken (``node_action.platform``)."""
+
+    SLURM = "slurm"
+    K8S = "k8s"
+    RAY = "ray"
+
+
+class NodeActionKind(enum.StrEnum):
+    """A node action, on any platform (``node_action.action``)."""
+
+    ISOLATE = "isolate"  # Slurm drain; Kubernetes cordon + taint + label; Ray quarantine (resource held)
+    RELEASE = "release"  # that isolation undone (resume, uncordon, hold ended)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NodeAction(Event):
+    """gpufleet isolated or released a node, or declined to (fleet ledger, and the run's): the audit
+    trail of every platform's node actions, and what the circuit breaker counts."""
+
+    kind: ClassVar[str] = "node_action"
+    node: str  # the node, as the platform names it (a Ray node: the first 12 hex digits of its id)
+    platform: NodePlatform  # slurm, k8s or ray
+    action: NodeActionKind  # what was asked
+    result: ActionResult  # done; refused (not gpufleet's node, breaker open, nothing to hold); failed
+    reason: str  # the owned reason set (isolate, done), why (release), or why not
+    check: str | None = None  # the check (or operator) behind it
+    previous: str | None = None  # release: the isolation reason it cleared
+    hit: int | None = None  # breaker refusal: nodes isolated within the window, this one included
+    total: int | None = None  # breaker refusal: nodes on the platform
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class UnknownEvent(Event):
     """A ledger line this reader could not type: an unknown kind (a newer writer, say) or fields that
@@ -843,6 +878,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         OperatorAction,
         K8sAction,
         RayAction,
+        NodeAction,
     )
 }
 """Every event kind by its ``ev`` string."""

@@ -7,9 +7,10 @@ plan``), serve-bench summaries. Resources: each run's ledger and report, the fle
 
 With ``allow_actions`` three more tools exist: drain a node, stop a run, start a health check. Each
 needs ``requested_by`` and is recorded in the fleet ledger as an ``operator_action`` event, whether it
-was done, refused or failed. A drain keeps the owned-reason rules of :mod:`gpufleet.health.slurm`:
-the reason starts with ``gpufleet:``; a node someone else (an admin) took out is left alone; on a
-Slurm cluster the drain goes through :class:`~gpufleet.health.slurm.SlurmActions` and its breaker.
+was done, refused or failed. A drain keeps the owned-reason rules of the node actions
+(:mod:`gpufleet.health.actions`): the reason starts with ``gpufleet:``; a node someone else (an admin)
+took out is left alone; with a platform's node actions (``McpConfig.node_actions``: Slurm's with
+``gpufleet mcp --slurm``) the drain isolates the node there, behind the circuit breaker.
 
 Answers carry no command lines, configurations or environment: ledgers served as resources have
 ``run_start.command`` and ``run_start.config`` removed. Tool inputs are validated (types, patterns,
@@ -35,7 +36,11 @@ from gpufleet.core.ledger import LEDGER_NAME, Ledger, iter_events, read_events
 from gpufleet.observe.sources import RunSource, ServeSource, Sources, newest
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from mcp.server.mcpserver import MCPServer
+
+    from gpufleet.health.actions import NodeActions
 
 __all__ = ["McpConfig", "build_server", "explain_failures", "READ_TOOLS", "ACTION_TOOLS"]
 
@@ -66,8 +71,9 @@ class McpConfig:
     """Serve-bench output directories."""
     allow_actions: bool = False
     """Register the mutating tools (drain_node, stop_run, start_health_check)."""
-    slurm: bool = False
-    """drain_node drains in Slurm too (SlurmActions: owned reason, admin drains left alone, breaker)."""
+    node_actions: "Callable[[Path], NodeActions] | None" = None
+    """drain_node isolates the node on its platform too: the platform's node actions for a fleet
+    directory (owned reason, admin isolations left alone, the breaker). None: the fleet ledger only."""
     action_timeout_s: float = 120.0
     """How long a started health check or capacity plan may take."""
 
@@ -324,23 +330,25 @@ def supervisor_pid(run_dir: Path) -> int | None:
     return None
 
 
-def _drain(fleet: Path, node: str, reason: str, who: str, slurm: bool) -> tuple[E.ActionResult, str]:
+def _drain(
+    fleet: Path, node: str, reason: str, who: str, actions: "NodeActions | None"
+) -> tuple[E.ActionResult, str]:
     """Drain with an owned reason; leave nodes someone else took out alone."""
+    from gpufleet.health.actions import NodeActionError, make_reason
     from gpufleet.health.nodes import DOWN_STATES, current_state, record_state
-    from gpufleet.health.slurm import SlurmActions, SlurmError, make_reason
 
     detail = f"{reason} (asked by {who} via MCP)"
-    if slurm:
+    if actions is not None:
         try:
-            ok = SlurmActions(fleet=fleet).drain(node, check="mcp", detail=detail)
-        except SlurmError as e:
+            ok = actions.isolate(node, check="mcp", detail=detail)
+        except NodeActionError as e:
             return E.ActionResult.FAILED, str(e)
         if not ok:
             return (
                 E.ActionResult.REFUSED,
-                "not drained: drained by someone else, or the circuit breaker is open",
+                "not drained: taken out by someone else, or the circuit breaker is open",
             )
-        return E.ActionResult.DONE, f"drained in Slurm: {make_reason('mcp', detail)}"
+        return E.ActionResult.DONE, f"drained in {actions.platform}: {make_reason('mcp', detail)}"
     cur = current_state(node, fleet)
     if cur is not None and cur.get("state") in DOWN_STATES and cur.get("by") == "admin":
         return (
@@ -510,9 +518,10 @@ def build_server(cfg: McpConfig) -> "MCPServer":
             ctx: Context,
         ) -> dict[str, Any]:
             """Take a node out of service (owned reason "gpufleet: mcp: ..."). A node an admin drained is
-            left alone; on Slurm, the circuit breaker applies. Audited in the fleet ledger."""
+            left alone; on a platform (Slurm), the circuit breaker applies. Audited in the fleet ledger."""
             fleet = cat.fleet()
-            result, detail = _drain(fleet, node, " ".join(reason.split()), requested_by, cfg.slurm)
+            acts = cfg.node_actions(fleet) if cfg.node_actions is not None else None
+            result, detail = _drain(fleet, node, " ".join(reason.split()), requested_by, acts)
             _audit(
                 fleet, E.OperatorActionKind.DRAIN_NODE, node, requested_by, result, detail, _client_name(ctx)
             )

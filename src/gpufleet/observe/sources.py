@@ -229,8 +229,15 @@ SPECS: dict[str, Spec] = _specs(
     Spec(
         "gpufleet_health_results_total", "counter", "Health results recorded, by status.", ("node", "status")
     ),
-    Spec("gpufleet_slurm_actions_total", "counter", "Slurm drains and resumes gpufleet made.", ("action",)),
-    Spec("gpufleet_slurm_breaker_open_total", "counter", "Drains the circuit breaker refused.", ()),
+    Spec(
+        "gpufleet_node_actions_total",
+        "counter",
+        "Node isolations and releases gpufleet decided (Slurm, Kubernetes, Ray), by result.",
+        ("platform", "action", "result"),
+    ),
+    Spec(
+        "gpufleet_breaker_open_total", "counter", "Isolations the circuit breaker refused.", ("platform",)
+    ),
     Spec(
         "gpufleet_operator_actions_total",
         "counter",
@@ -552,8 +559,8 @@ class FleetSource(Source):
         self.states: dict[str, list[dict[str, Any]]] = {}
         self.latest: dict[tuple[str, str, str], E.HealthResult] = {}
         self.results: Counter[tuple[str, str]] = Counter()
-        self.slurm: Counter[str] = Counter()
-        self.breaker = 0
+        self.node_actions: Counter[tuple[str, str, str]] = Counter()
+        self.breaker: Counter[str] = Counter()
         self.actions: Counter[tuple[str, str]] = Counter()
 
     def refresh(self) -> None:
@@ -572,10 +579,10 @@ class FleetSource(Source):
                     if old is None or old.t <= e.t:
                         self.latest[key] = e
                     self.results[(e.node, _closed(e.status, HEALTH_STATUSES))] += 1
-                case E.SlurmAction():
-                    self.slurm[str(e.action)] += 1
-                case E.SlurmBreakerOpen():
-                    self.breaker += 1
+                case E.NodeAction():
+                    self.node_actions[(str(e.platform), str(e.action), str(e.result))] += 1
+                    if e.hit is not None:
+                        self.breaker[str(e.platform)] += 1
                 case E.OperatorAction():
                     self.actions[(str(e.action), str(e.result))] += 1
                 case _:
@@ -618,9 +625,10 @@ class FleetSource(Source):
             yield Sample("gpufleet_health_check_duration_seconds", (node, check, device), r.duration_s)
         for (node, st), c in sorted(self.results.items()):
             yield Sample("gpufleet_health_results_total", (node, st), float(c))
-        for a in (k.value for k in E.SlurmActionKind):
-            yield Sample("gpufleet_slurm_actions_total", (a,), float(self.slurm.get(a, 0)))
-        yield Sample("gpufleet_slurm_breaker_open_total", (), float(self.breaker))
+        for (platform, a, res), c in sorted(self.node_actions.items()):
+            yield Sample("gpufleet_node_actions_total", (platform, a, res), float(c))
+        for platform, c in sorted(self.breaker.items()):
+            yield Sample("gpufleet_breaker_open_total", (platform,), float(c))
         for (a, res), c in sorted(self.actions.items()):
             yield Sample("gpufleet_operator_actions_total", (a, res), float(c))
 

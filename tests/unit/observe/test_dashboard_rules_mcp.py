@@ -84,12 +84,12 @@ def test_drain_keeps_admin_drains_and_owned_reasons(tmp_path: Path) -> None:
 
     fleet = tmp_path / "fleet"
     record_state("a", "drained", "maintenance", by="admin", fleet=fleet)
-    result, detail = _drain(fleet, "a", "bad gpu", "alice", slurm=False)
+    result, detail = _drain(fleet, "a", "bad gpu", "alice", actions=None)
     assert result == E.ActionResult.REFUSED and "admin" in detail
     assert current_state("a", fleet)["by"] == "admin"
-    result, _ = _drain(fleet, "b", "bad gpu", "alice", slurm=False)
+    result, _ = _drain(fleet, "b", "bad gpu", "alice", actions=None)
     assert result == E.ActionResult.DONE
     st = current_state("b", fleet)
     assert st["state"] == "drained" and st["reason"] == "gpufleet: mcp: bad gpu (asked by alice via MCP)"
-    assert _drain(fleet, "b", "again", "bob", slurm=False)[0] == E.ActionResult.DONE  # idempotent
+    assert _drain(fleet, "b", "again", "bob", actions=None)[0] == E.ActionResult.DONE  # idempotent
     assert len([e for e in read_events(fleet) if e.get("node") == "b"]) == 1

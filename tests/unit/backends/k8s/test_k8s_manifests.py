@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from gpufleet.backends.k8s import manifests as M
 from gpufleet.health.nodes import record_state
-from gpufleet.k8s import manifests as M
 
 GOLDEN = Path(__file__).parent / "golden"
 K8S_VERSION = "1.33.0"  # the oldest schema kubernetes-validate ships that has every field used here

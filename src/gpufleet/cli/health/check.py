@@ -1,7 +1,9 @@
 """``gpufleet health check|watch``: tiered node checks (docs/health.md).
 
-Thin: parse, call :mod:`gpufleet.health`, render. Exit codes of ``check`` fit Slurm's
-HealthCheckProgram and node-problem-detector plugins: 0 OK, 1 problem (a FAIL), 3 unknown (INCOMPLETE).
+``register(app)`` adds both commands to the ``health`` group; the options and :func:`render_report` are
+shared with the group's other modules. Thin: parse, call :mod:`gpufleet.health`, render. Exit codes
+of ``check`` fit Slurm's HealthCheckProgram and node-problem-detector plugins: 0 OK, 1 problem (a
+FAIL), 3 unknown (INCOMPLETE).
 """
 
 from __future__ import annotations
@@ -18,15 +20,13 @@ if TYPE_CHECKING:
     from gpufleet.health.profiles import Profile
     from gpufleet.health.results import Report
 
-__all__ = ["app", "render_report", "resolve_profile"]
+__all__ = ["register", "render_report", "resolve_profile", "PlanOpt", "FleetOpt"]
 
-app = typer.Typer(
-    name="health",
-    help="Node health: tiered checks (quick / postfail / acceptance) and passive watching.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
+
+def register(app: typer.Typer) -> None:
+    """Add ``check`` and ``watch`` to the ``gpufleet health`` group."""
+    app.command("check")(check)
+    app.command("watch")(watch)
 
 PlanOpt = Annotated[str, typer.Option("--plan", help="quick | postfail | acceptance, or a plan TOML file.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the gpufleet.health/1 JSON report.")]
@@ -120,7 +120,6 @@ def _run(
     return report
 
 
-@app.command("check")
 def check(
     plan: PlanOpt = "quick",
     json_out: JsonOpt = False,
@@ -144,7 +143,6 @@ def check(
     raise typer.Exit(report.exit_code())
 
 
-@app.command("watch")
 def watch(
     plan: PlanOpt = "quick",
     interval: Annotated[float, typer.Option("--interval", min=0.0, help="Seconds between rounds.")] = 300.0,
@@ -180,8 +178,3 @@ def watch(
         if count and rounds >= count:
             break
         time.sleep(max(0.0, interval - (time.monotonic() - t0)))
-
-
-# --- HB: `gpufleet health slurm-config` is added here by the Slurm module's register(app) hook. ----------
-# e.g. in cli/main.py, after add_typer(health_cli.app): <hb module>.register(health_cli.app)
-# Keep this module free of Slurm code.

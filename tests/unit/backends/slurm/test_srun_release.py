@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.backends import LaunchSpec
-from gpufleet.backends.srun import SrunBackend
+from gpufleet.backends.slurm.srun import SrunBackend
 from gpufleet.checkpoint.memtier import keeper_dir
 from gpufleet.core.env import Env
 

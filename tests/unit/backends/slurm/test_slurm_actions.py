@@ -1,4 +1,5 @@
-"""Drain/resume ownership and the circuit breaker, with Slurm faked at the subprocess boundary."""
+"""Slurm node actions: drain/resume ownership and the circuit breaker, with Slurm faked at the
+subprocess boundary."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from gpufleet.backends.slurm import actions as S
+from gpufleet.core import events as E
 from gpufleet.core.ledger import read_events
-from gpufleet.health import slurm as S
+from gpufleet.health.actions import Breaker
 
 # Recorded `sinfo -h -N -o '%N|%T|%E'` output (Slurm 22.05): n2 admin-drained, n3 drained by gpufleet.
 SINFO = """n1|idle|none
@@ -65,55 +68,63 @@ def test_parse_sinfo_dedups_and_keeps_reason_text():
 
 
 def test_drain_uses_owned_prefix_and_records_state(fake, tmp_path):
-    assert S.SlurmActions().drain("n1", "health", "matmul 20%\nbelow peers", component="gpu")
+    assert S.SlurmActions().isolate("n1", "health", "matmul 20%\nbelow peers", component="gpu")
     (cmd,) = fake.updates()
     reason = "reason=gpufleet: health: matmul 20% below peers"
     assert cmd == ["scontrol", "update", "nodename=n1", "state=drain", reason]
     evs = read_events(tmp_path / "fleet")
-    assert [e["ev"] for e in evs] == ["slurm_action", "node_state"]
+    assert [e["ev"] for e in evs] == ["node_action", "node_state"]
+    assert (evs[0]["platform"], evs[0]["action"], evs[0]["result"]) == ("slurm", "isolate", "done")
     assert evs[1]["state"] == "drained" and evs[1]["component"] == "gpu"
 
 
 def test_admin_drain_is_never_overwritten_or_resumed(fake, tmp_path):
     acts = S.SlurmActions()
-    assert acts.drain("n2", "health", "x") is False
-    assert acts.resume("n2") is False
+    assert acts.isolate("n2", "health", "x") is False
+    assert acts.release("n2") is False
     assert fake.updates() == []
     assert fake.rows["n2"].reason.startswith("admin:")
-    skipped = [e for e in read_events(tmp_path / "fleet") if e["ev"] == "slurm_action_skipped"]
-    assert [e["action"] for e in skipped] == ["drain", "resume"]
+    skipped = [e for e in read_events(tmp_path / "fleet") if e["ev"] == "node_action"]
+    assert [(e["action"], e["result"]) for e in skipped] == [("isolate", "refused"), ("release", "refused")]
 
 
 def test_resume_only_owned_and_only_check(fake):
     acts = S.SlurmActions()
-    assert acts.resume("n3", only_check="node-lost") is False  # drained for another check
-    assert acts.resume("n3", only_check="health") is True
+    assert acts.release("n3", only_check="node-lost") is False  # drained for another check
+    assert acts.release("n3", only_check="health") is True
     assert fake.updates() == [["scontrol", "update", "nodename=n3", "state=resume"]]
-    assert acts.resume("n1") is False  # not drained at all: nothing to do
+    assert acts.release("n1") is False  # not drained at all: nothing to do
 
 
 def test_breaker_refuses_past_half_of_the_fleet_and_alerts(fake, tmp_path, capsys):
-    acts = S.SlurmActions(breaker=S.Breaker(max_fraction=0.5, window_s=300))
-    assert acts.drain("n1", "health", "a")  # 1/4
-    assert acts.drain("n4", "health", "b")  # 2/4 = 50%: not more than
-    assert acts.drain("n1", "health", "again")  # same node again: still 2 hit
+    acts = S.SlurmActions(breaker=Breaker(E.NodePlatform.SLURM, max_fraction=0.5, window_s=300))
+    assert acts.isolate("n1", "health", "a")  # 1/4
+    assert acts.isolate("n4", "health", "b")  # 2/4 = 50%: not more than
+    assert acts.isolate("n1", "health", "again")  # same node again: still 2 hit
     fake.rows["n2"] = S.NodeInfo("n2", "idle", "")
-    assert acts.drain("n2", "health", "c") is False  # 3/4 > 50%: alert instead
+    assert acts.isolate("n2", "health", "c") is False  # 3/4 > 50%: alert instead
     assert "circuit breaker open" in capsys.readouterr().err
     assert fake.rows["n2"].state == "idle"
-    opened = [e for e in read_events(tmp_path / "fleet") if e["ev"] == "slurm_breaker_open"]
+    opened = [e for e in read_events(tmp_path / "fleet") if e.get("hit") is not None]
     assert opened and opened[0]["hit"] == 3 and opened[0]["total"] == 4
+    assert (opened[0]["ev"], opened[0]["result"], opened[0]["node"]) == ("node_action", "refused", "n2")
 
 
 def test_breaker_window_forgets_old_hits(tmp_path):
-    b = S.Breaker(tmp_path, max_fraction=0.5, window_s=60)
+    b = Breaker(E.NodePlatform.SLURM, tmp_path, max_fraction=0.5, window_s=60)
     from gpufleet.core.ledger import Ledger
 
+    def isolated(node: str, t: float, platform: str = E.NodePlatform.SLURM) -> E.NodeAction:
+        done, isolate = E.ActionResult.DONE, E.NodeActionKind.ISOLATE
+        return E.NodeAction(t=t, node=node, platform=platform, action=isolate, result=done, reason="x")
+
     with Ledger(tmp_path) as led:
-        led.emit("slurm_action", node="a", action="drain", reason="gpufleet: x: y", t=1000.0)
-        led.emit("slurm_action", node="b", action="drain", reason="gpufleet: x: y", t=1050.0)
+        led.emit(isolated("a", 1000.0))
+        led.emit(isolated("b", 1050.0))
+        led.emit(isolated("k", 1050.0, platform=E.NodePlatform.K8S))  # another platform: not counted
     assert b.allows("c", 4, now=1055.0) == (False, 3)
     assert b.allows("c", 4, now=1100.0) == (True, 2)  # a is out of the window
+    assert b.allows("c", 4, held={"d"}, now=1100.0) == (False, 3)  # a platform's held nodes count too
 
 
 def test_timeouts_and_missing_binaries_are_slurm_errors(monkeypatch):

@@ -5,16 +5,16 @@ resource, as a Ray task pinned to that node (hard node affinity), and records ev
 the fleet ledger (``health_result``, as ``gpufleet health check`` writes them).
 
 Acting on the results is off unless asked for (``act=True``; the CLI's ``--quarantine``). Then a node
-that FAILs is **quarantined**: a detached actor (:class:`_Hold`, named ``gpufleet-quarantine-<node
-id>``) holds all of the node's ``gpufleet`` resource, so no new placement group lands there (the
-backend's placement also skips what :func:`~gpufleet.backends.ray.quarantined` lists), and the node is
-marked ``suspect``. A quarantined node that passes again is released (``healthy``). A circuit breaker
-(the Slurm rule) refuses to quarantine more than ``GPUFLEET_BREAKER_FRACTION`` (0.5) of the swept
-nodes. Every quarantine and release, done, refused or failed, is a ``ray_action`` event in the
-fleet ledger: the audit trail.
+that FAILs is **quarantined** (:class:`RayActions`, the Ray side of :mod:`gpufleet.health.actions`): a
+detached actor (:class:`_Hold`, named ``gpufleet-quarantine-<node id>``) holds all of the node's
+``gpufleet`` resource, so no new placement group lands there (the backend's placement also skips what
+:func:`~gpufleet.backends.ray.backend.quarantined` lists), and the node is marked ``suspect``. A
+quarantined node that passes again is released (``healthy``). The one circuit breaker counts the
+swept nodes, the held ones among them. Every quarantine and release, done, refused or failed, is a
+``node_action`` event (``platform: ray``) in the fleet ledger: the audit trail.
 
 Ray is imported lazily (the ``ray`` extra). CLI: ``gpufleet health sweep --backend ray`` and
-``gpufleet health release --backend ray`` (:mod:`gpufleet.cli.health_ray`).
+``gpufleet health release --backend ray`` (:mod:`gpufleet.cli.health.ray`).
 """
 
 from __future__ import annotations
@@ -25,24 +25,24 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from gpufleet.backends.ray import NAMESPACE, QUARANTINE_PREFIX, RESOURCE, _ray, node_name, quarantined
+from gpufleet.backends.ray.backend import NAMESPACE, QUARANTINE_PREFIX, RESOURCE, _ray, node_name, quarantined
 from gpufleet.core import events as E
-from gpufleet.core.env import Env, read_env
+from gpufleet.health.actions import NodeActions, make_reason
 
 if TYPE_CHECKING:
     from gpufleet.health.results import Report
 
 __all__ = [
     "NodeHealth",
+    "RayActions",
     "health_sweep",
     "quarantine",
     "release",
     "quarantined",
     "resolve_node",
     "report_from_dict",
-    "audit",
     "sweep_nodes",
 ]
 
@@ -156,7 +156,7 @@ def health_sweep(
     ``env``: extra environment for the check; ``{node}`` in a value becomes the node's name. Results go
     to the fleet ledger. With ``act`` (off by default), a node that FAILs is quarantined and marked
     ``suspect``, and a node gpufleet quarantined that passes again is released; each decision is a
-    ``ray_action`` event. ``on_result(NodeHealth)`` is called as each node's result arrives (progress).
+    ``node_action`` event. ``on_result(NodeHealth)`` is called as each node's result arrives (progress).
     A check that did not finish within ``timeout`` seconds (or whose node died) has no verdict
     (``exit_code`` -1) and is left alone.
     """
@@ -193,74 +193,79 @@ def health_sweep(
     for h in out:
         h.quarantined = h.node_id in held
     if act:
-        _act(out, plan, resource, fleet, held)
+        _act(out, plan, resource, fleet)
     return out
 
 
-def _act(
-    out: list[NodeHealth],
-    plan: str,
-    resource: str,
-    fleet: str | os.PathLike[str] | None,
-    held: dict[str, str],
-) -> None:
+def _act(out: list[NodeHealth], plan: str, resource: str, fleet: str | os.PathLike[str] | None) -> None:
     """Quarantine the nodes that FAILed, release the held ones that passed; audit each decision."""
-    from gpufleet.health.nodes import record_state
-
-    fraction = read_env(Env.BREAKER_FRACTION, float, 0.5)
-    hits = set(held)
+    acts = RayActions(fleet=fleet, resource=resource)
     check = f"health:{plan}"
     for h in out:
-        if h.exit_code == 1 and h.node_id not in held:
+        if h.exit_code == 1 and not h.quarantined:
             failed = [r for r in h.report.get("results", []) if r.get("status") == "FAIL"]
             detail = "; ".join(f"{r['check']}: {r.get('detail', '')}" for r in failed)[:300]
-            reason = f"health {plan}: {detail}"
-            if len(hits | {h.node_id}) / max(1, len(out)) > fraction:
-                why = (
-                    f"circuit breaker open: {len(hits | {h.node_id})}/{len(out)} Ray nodes failing or held "
-                    f"(limit {fraction:.0%}); {detail}"
-                )
-                print(f"gpufleet: ALERT: {why}; not quarantining {h.node}", file=sys.stderr)
-                audit(h.node, E.RayActionKind.QUARANTINE, E.ActionResult.REFUSED, why, fleet, check)
-                h.action = "refused: circuit breaker open"
-                continue
-            try:
-                done = quarantine(h.node_id, reason, resource)
-            except Exception as e:  # noqa: BLE001 - Ray refused the actor: audited, the sweep goes on
-                audit(h.node, E.RayActionKind.QUARANTINE, E.ActionResult.FAILED, str(e)[:300], fleet, check)
-                h.action = "failed"
-                continue
-            if not done:
-                why = f"the node offers no {resource!r} resource to hold"
-                audit(h.node, E.RayActionKind.QUARANTINE, E.ActionResult.REFUSED, why, fleet, check)
-                h.action = f"refused: no {resource} resource"
-                continue
-            hits.add(h.node_id)
-            h.quarantined, h.action = True, "quarantined"
-            audit(h.node, E.RayActionKind.QUARANTINE, E.ActionResult.DONE, reason, fleet, check)
-            record_state(h.node, "suspect", reason, check="ray-health", fleet=fleet)
-        elif h.exit_code == 0 and h.node_id in held:
-            why = f"health {plan} passed; quarantine lifted"
-            release(h.node_id)
-            h.quarantined, h.action = False, "released"
-            audit(h.node, E.RayActionKind.RELEASE, E.ActionResult.DONE, why, fleet, check)
-            record_state(h.node, "healthy", why, fleet=fleet)
+            h.quarantined = acts.isolate(h.node_id, check, detail)
+            h.action = acts.outcome
+        elif h.exit_code == 0 and h.quarantined:
+            h.quarantined = not acts.release(h.node_id, why=f"health {plan} passed; quarantine lifted")
+            h.action = acts.outcome
 
 
-def audit(
-    node: str,
-    action: E.RayActionKind,
-    result: E.ActionResult,
-    reason: str,
-    fleet: str | os.PathLike[str] | None = None,
-    check: str | None = None,
-) -> None:
-    """One ``ray_action`` event in the fleet ledger."""
-    from gpufleet.core.ledger import Ledger
-    from gpufleet.health.nodes import fleet_dir
+class RayActions(NodeActions):
+    """Quarantine (isolate) and release Ray nodes by node id; the ledger names them by
+    :func:`~gpufleet.backends.ray.backend.node_name`. :attr:`outcome` says what the last call did."""
 
-    with Ledger(fleet_dir(fleet)) as ledger:
-        ledger.emit(E.RayAction(node=node, action=action, result=result, reason=reason, check=check))
+    platform: ClassVar[E.NodePlatform] = E.NodePlatform.RAY
+
+    def __init__(
+        self, fleet: str | os.PathLike[str] | None = None, resource: str = RESOURCE
+    ) -> None:
+        super().__init__(fleet=fleet)
+        self.resource = resource
+        self.outcome = ""
+
+    def isolate(self, node: str, check: str, detail: str, component: str = "unknown") -> bool:
+        """Hold node id ``node``'s whole resource. False when refused (breaker open, nothing to hold)
+        or failed (Ray refused the actor)."""
+        name, isolate = node_name(node), E.NodeActionKind.ISOLATE
+        held = quarantined()
+        if node in held:
+            self.outcome = "quarantined"
+            return True
+        total = len(sweep_nodes(self.resource))
+        if not self.guard(name, total, check, detail, held={node_name(i) for i in held}):
+            self.outcome = "refused: circuit breaker open"
+            return False
+        reason = make_reason(check, detail)
+        try:
+            done = quarantine(node, reason, self.resource)
+        except Exception as e:  # noqa: BLE001 - Ray refused the actor: audited, the caller goes on
+            self.record(name, isolate, E.ActionResult.FAILED, str(e)[:300], check=check)
+            self.outcome = "failed"
+            return False
+        if not done:
+            why = f"the node offers no {self.resource!r} resource to hold"
+            self.record(name, isolate, E.ActionResult.REFUSED, why, check=check)
+            self.outcome = f"refused: no {self.resource} resource"
+            return False
+        self.record(name, isolate, E.ActionResult.DONE, reason, check=check)
+        self.mark(name, "suspect", reason, component=component, check="ray-health")
+        self.outcome = "quarantined"
+        return True
+
+    def release(self, node: str, why: str = "released by gpufleet", only_check: str | None = None) -> bool:
+        """End node id ``node``'s quarantine (any check's: a hold carries no check). False if none."""
+        del only_check
+        name, release_ = node_name(node), E.NodeActionKind.RELEASE
+        if not release(node):
+            self.record(name, release_, E.ActionResult.REFUSED, "not quarantined")
+            self.outcome = "refused: not quarantined"
+            return False
+        self.record(name, release_, E.ActionResult.DONE, why)
+        self.mark(name, "healthy", why)
+        self.outcome = "released"
+        return True
 
 
 def _record_reports(reports: list[dict[str, Any]], fleet: str | os.PathLike[str] | None) -> None:

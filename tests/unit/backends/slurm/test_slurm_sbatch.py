@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.backends import slurm as B
-from gpufleet.backends.srun import SrunBackend
-from gpufleet.cli import health_slurm as H
+from gpufleet.backends.slurm import sbatch as B
+from gpufleet.backends.slurm.srun import SrunBackend
+from gpufleet.cli.health import slurm as H
 from gpufleet.core.errors import ConfigError, UsageError
 
-GOLDEN = Path(__file__).parent.parent / "golden" / "slurm"
+GOLDEN = Path(__file__).resolve().parents[3] / "golden" / "slurm"
 
 
 def golden(name: str, text: str) -> None:

@@ -1,20 +1,17 @@
 """The Kubernetes backends: ``k8s`` submits a run, ``k8s-jobs`` is the supervisor inside the cluster.
 
-``gpufleet run --backend k8s --nodes M -n K --image IMG -- python train.py`` (:func:`submit`) writes
-the run's manifests (:mod:`gpufleet.k8s.manifests`) under ``RUN_DIR/k8s/`` and, without ``--dry-run``,
-creates them through the official ``kubernetes`` client. Inside the cluster the supervisor pod runs
-``gpufleet run --backend k8s-jobs`` (:class:`K8sJobsBackend`): per attempt it creates an indexed Job of
-M pods, each running this module's agent entry (``python -m gpufleet.backends.k8s``): it connects to
-the supervisor's Service, says who it is (token, node rank, node name), and runs the srun backend's
-node agent (:mod:`gpufleet.backends.agent`) with the connection as its stdout, so the ranks' events
-reach the supervisor as on Slurm. The same connection carries the supervisor's requests back:
-``USR1`` (final checkpoint) and ``TERM`` (stop); a closed connection stops the agent too. Exit codes
-come from the pods' container statuses and the agents' exit reports on the shared run directory.
+``gpufleet run --backend k8s --nodes M -n K --image IMG -- python train.py`` (:class:`K8sSubmitter`)
+writes the run's manifests (:mod:`gpufleet.backends.k8s.manifests`) under ``RUN_DIR/k8s/`` and, without
+``--dry-run``, creates them through the official ``kubernetes`` client. Inside the cluster the
+supervisor pod runs ``gpufleet run --backend k8s-jobs`` (:class:`K8sJobsBackend`): per attempt it
+creates an indexed Job of M pods, each running the pod agent (:mod:`gpufleet.backends.k8s.agent`),
+which reports over the TCP event channel (:mod:`gpufleet.backends.channel`). Exit codes come from the
+pods' container statuses and the agents' exit reports on the shared run directory.
 
 After a failed attempt, a pod that was evicted, lost its node, or whose node is no longer Ready marks
 that node lost: ``node_lost`` in the ledger, the node cordoned and tainted through
-:class:`gpufleet.k8s.actions.K8sActions` (owned reason, admin cordons untouched, circuit breaker), and
-kept out of the next attempt's Job by hostname.
+:class:`gpufleet.backends.k8s.actions.K8sActions` (owned reason, admin cordons untouched, the circuit
+breaker), and kept out of the next attempt's Job by hostname.
 
 Written and tested without a live cluster: the agent entry runs for real in the tests, the API calls
 against recorded HTTP exchanges (docs/backends/k8s.md).
@@ -24,108 +21,37 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import sys
-import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from gpufleet.backends.agent import Agent, exit_report
-from gpufleet.backends.base import CONTINUE, Attempt, Backend, Blame, LaunchSpec, Verdict, Worker
+from gpufleet.backends.agent import exit_report
+from gpufleet.backends.base import (
+    CONTINUE,
+    Attempt,
+    Backend,
+    Blame,
+    LaunchSpec,
+    Submitter,
+    Verdict,
+    Worker,
+)
+from gpufleet.backends.channel import read_hello
 from gpufleet.backends.process import PipeChannel
-from gpufleet.backends.ray import _read_line
 from gpufleet.core import events as E
-from gpufleet.core.env import Env, read_env
+from gpufleet.core.env import Env
 from gpufleet.core.errors import ConfigError
 from gpufleet.core.ledger import EventSink
 
-__all__ = ["K8sJobsBackend", "K8sAttempt", "agent_main", "prestop", "submit", "LOST_CODE"]
+__all__ = ["K8sJobsBackend", "K8sAttempt", "K8sSubmitter", "api_clients", "submit", "LOST_CODE"]
 
 LOST_CODE = -9
-CHANNEL_ENV = "GPUFLEET_K8S_CHANNEL"  # "HOST:PORT TOKEN": where the agent reports (set in the pod spec)
 JOB_ENV = "GPUFLEET_K8S_JOB"  # the K8sJob as JSON (set in the supervisor's pod spec)
 _LOST_REASONS = {"NodeLost", "Evicted", "Preempting", "DeletionByTaintManager", "TerminationByKubelet"}
-
-
-# ------------------------------------------------------------------------------- the pod's agent
-def _connect(address: str, deadline_s: float) -> socket.socket:
-    host, _, port = address.rpartition(":")
-    end = time.monotonic() + deadline_s
-    while True:
-        try:
-            return socket.create_connection((host, int(port)), timeout=10)
-        except OSError as e:  # the Service or its DNS name may not be ready yet
-            if time.monotonic() > end:
-                raise ConfigError(f"cannot reach the supervisor at {address}: {e}") from None
-            time.sleep(1.0)
-
-
-def _control(sock: socket.socket) -> None:
-    """Turn the supervisor's requests into signals to this process; a closed channel stops it."""
-    buf = b""
-    while True:
-        try:
-            chunk = sock.recv(256)
-        except OSError:
-            chunk = b""
-        if not chunk:
-            os.kill(os.getpid(), signal.SIGTERM)
-            return
-        *lines, buf = (buf + chunk).split(b"\n")
-        for line in lines:
-            sig = {b"USR1": signal.SIGUSR1, b"TERM": signal.SIGTERM}.get(line.strip())
-            if sig is not None:
-                os.kill(os.getpid(), sig)
-
-
-def agent_main() -> int:
-    """The worker pod's entry: connect, say hello, relay events on the connection, obey requests."""
-    raw, channel = os.environ.get(Env.AGENT_SPEC), os.environ.get(CHANNEL_ENV)
-    if not raw or not channel or " " not in channel:
-        print(f"gpufleet k8s agent: ${Env.AGENT_SPEC} and ${CHANNEL_ENV} must be set", file=sys.stderr)
-        return 2
-    address, token = channel.split(" ", 1)
-    spec = LaunchSpec(**json.loads(raw))
-    spec.node_rank = int(os.environ.get("JOB_COMPLETION_INDEX", spec.node_rank))
-    if spec.log_dir is None:  # worker output must never reach stdout: that is the event channel
-        spec.log_dir = os.path.join(spec.env[Env.RUN_DIR], "logs")
-    node = os.environ.get(Env.NODE) or socket.gethostname()
-    sock = _connect(address, read_env(Env.AGENT_GRACE, float, 5.0) * 60)
-    sock.settimeout(None)  # blocking from here: the channel is quiet for as long as training needs
-    sock.sendall(f"{token} {spec.node_rank} {node}\n".encode())
-    os.dup2(sock.fileno(), 1)
-    threading.Thread(target=_control, args=(sock,), daemon=True).start()
-    return Agent(spec, node, read_env(Env.AGENT_GRACE, float, 5.0)).run()
-
-
-def prestop(wait_s: float, pid: int = 1) -> int:
-    """The pod's preStop hook: ask the agent (PID 1) for a final checkpoint, wait until it has exited
-    its ranks (its exit report exists) or ``wait_s`` passed; Kubernetes sends SIGTERM after."""
-    raw = os.environ.get(Env.AGENT_SPEC, "{}")
-    spec = json.loads(raw) if raw else {}
-    node = os.environ.get(Env.NODE) or socket.gethostname()
-    try:
-        os.kill(pid, signal.SIGUSR1)
-    except (ProcessLookupError, PermissionError):
-        return 0
-    run_dir, attempt = spec.get("env", {}).get(Env.RUN_DIR), spec.get("attempt", 0)
-    end = time.monotonic() + wait_s
-    while time.monotonic() < end:
-        if run_dir and exit_report(run_dir, attempt, node) is not None:
-            break
-        time.sleep(0.5)
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["prestop"]:
-        wait = float(args[args.index("--wait") + 1]) if "--wait" in args else 100.0
-        return prestop(wait)
-    return agent_main()
 
 
 # ---------------------------------------------------------------------------- the cluster side
@@ -233,7 +159,7 @@ class K8sJobsBackend(Backend):
         poll_s: float = 1.0,
         clients: tuple[Any, Any] | None = None,
     ) -> None:
-        from gpufleet.k8s.manifests import K8sJob
+        from gpufleet.backends.k8s.manifests import K8sJob
 
         del standby, min_nodes  # the cluster's scheduler finds a replacement node; no shrinking
         raw = job_json or os.environ.get(JOB_ENV)
@@ -250,7 +176,7 @@ class K8sJobsBackend(Backend):
         self.lost: list[str] = []
 
     def start(self, spec: LaunchSpec) -> K8sAttempt:
-        from gpufleet.k8s.manifests import master_addr, worker_job
+        from gpufleet.backends.k8s.manifests import master_addr, worker_job
 
         token = os.urandom(8).hex()
         spec.nnodes = self.want
@@ -281,7 +207,7 @@ class K8sJobsBackend(Backend):
                 conn, _ = self.listener.accept()
             except TimeoutError:
                 continue
-            hello = _read_line(conn, 10.0).split()
+            hello = read_hello(conn, 10.0)
             if len(hello) == 3 and hello[0] == token and hello[1].isdigit() and int(hello[1]) < self.want:
                 i = int(hello[1])
                 w = Worker(i * per, None, ranks=tuple(range(i * per, (i + 1) * per)), node=hello[2])
@@ -297,7 +223,7 @@ class K8sJobsBackend(Backend):
 
     def pod_statuses(self, job_name: str) -> dict[int, tuple[int | None, bool, str]]:
         """Completion index -> (exit code or None, lost?, node name) of the Job's pods."""
-        from gpufleet.k8s.manifests import LABEL_RUN
+        from gpufleet.backends.k8s.manifests import LABEL_RUN
 
         sel = f"job-name={job_name},{LABEL_RUN}={self.job.name}"
         out: dict[int, tuple[int | None, bool, str]] = {}
@@ -331,7 +257,7 @@ class K8sJobsBackend(Backend):
     def after_failure(self, attempt: Attempt, ledger: EventSink, blame: Blame | None = None) -> Verdict:
         """Nodes whose pods were lost, or that are no longer Ready: record, cordon, keep out."""
         assert isinstance(attempt, K8sAttempt)
-        from gpufleet.k8s.actions import K8sActions, node_ready
+        from gpufleet.backends.k8s.actions import K8sActions, node_ready
 
         acts = K8sActions(self.core, sink=ledger)
         for p in attempt.pods:
@@ -353,7 +279,7 @@ class K8sJobsBackend(Backend):
 # ------------------------------------------------------------------------------------ submitting
 def submit(job: Any, run_dir: str | os.PathLike[str], dry_run: bool) -> tuple[list[Path], bool]:
     """Write the run's manifests under RUN_DIR/k8s; create them unless ``dry_run``. (paths, applied)."""
-    from gpufleet.k8s.manifests import write_manifests
+    from gpufleet.backends.k8s.manifests import write_manifests
 
     paths = write_manifests(job, Path(run_dir) / "k8s")
     if dry_run:
@@ -368,37 +294,70 @@ def submit(job: Any, run_dir: str | os.PathLike[str], dry_run: bool) -> tuple[li
     return paths, True
 
 
-def submit_command(config: Any, p: dict[str, Any], supervisor_flags: list[str]) -> int:
-    """``gpufleet run --backend k8s``: ``config`` is the validated supervisor config, ``p`` the flags."""
-    from gpufleet.health.nodes import exclude_list
-    from gpufleet.k8s.manifests import K8sJob
+@dataclass(frozen=True, slots=True)
+class K8sSubmitter(Submitter):
+    """``gpufleet run --backend k8s``: the run's objects, the supervisor inside on ``k8s-jobs``."""
 
-    job = K8sJob(
-        name=p["job_name"],
-        image=p.get("image") or "",
-        command=list(config.command),
-        nodes=p.get("nodes") or 1,
-        nproc_per_node=config.nproc,
-        min_nodes=p.get("min_nodes"),
-        namespace=p.get("namespace") or "default",
-        run_claim=p.get("run_claim"),
-        supervisor_flags=supervisor_flags,
-        exclude_nodes=sorted(set(exclude_list()) | set(p.get("exclude") or ())),
-    )
-    paths, applied = submit(job, config.run_dir, dry_run=not p.get("submit", True))
-    where = paths[0].parent
-    if applied:
-        print(
-            f"gpufleet: created run {job.name} in namespace {job.namespace} (manifests in {where})",
-            file=sys.stderr,
+    inner: ClassVar[str] = "k8s-jobs"
+
+    name: str
+    """The run's name (``--job-name``): a DNS label, prefix of every object."""
+    image: str
+    """The image with gpufleet and the training code (``--image``)."""
+    nodes: int
+    """Pods per attempt (``--nodes``)."""
+    min_nodes: int | None
+    """``--min-nodes``."""
+    namespace: str
+    """Namespace of the run's objects."""
+    run_claim: str | None
+    """A ReadWriteMany PVC for the run directory."""
+    exclude: tuple[str, ...]
+    """Nodes to keep off, besides the node state log's."""
+    apply: bool
+    """Create the objects (``--submit``), or only write them (``--dry-run``)."""
+
+    @classmethod
+    def from_flags(cls, flags: Mapping[str, Any]) -> K8sSubmitter:
+        return cls(
+            name=flags["job_name"],
+            image=flags.get("image") or "",
+            nodes=flags.get("nodes") or 1,
+            min_nodes=flags.get("min_nodes"),
+            namespace=flags.get("namespace") or "default",
+            run_claim=flags.get("run_claim"),
+            exclude=tuple(flags.get("exclude") or ()),
+            apply=flags.get("submit", True),
         )
-    else:
-        print(
-            f"gpufleet: wrote {len(paths)} manifests to {where} (not applied; see {where}/kubectl.txt)",
-            file=sys.stderr,
+
+    def submit(
+        self, command: list[str], nproc_per_node: int, run_dir: str, supervisor_flags: list[str]
+    ) -> int:
+        from gpufleet.backends.k8s.manifests import K8sJob
+        from gpufleet.health.nodes import exclude_list
+
+        job = K8sJob(
+            name=self.name,
+            image=self.image,
+            command=list(command),
+            nodes=self.nodes,
+            nproc_per_node=nproc_per_node,
+            min_nodes=self.min_nodes,
+            namespace=self.namespace,
+            run_claim=self.run_claim,
+            supervisor_flags=supervisor_flags,
+            exclude_nodes=sorted(set(exclude_list()) | set(self.exclude)),
         )
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+        paths, applied = submit(job, run_dir, dry_run=not self.apply)
+        where = paths[0].parent
+        if applied:
+            print(
+                f"gpufleet: created run {job.name} in namespace {job.namespace} (manifests in {where})",
+                file=sys.stderr,
+            )
+        else:
+            print(
+                f"gpufleet: wrote {len(paths)} manifests to {where} (not applied; see {where}/kubectl.txt)",
+                file=sys.stderr,
+            )
+        return 0

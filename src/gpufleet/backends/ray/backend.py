@@ -9,10 +9,11 @@ node; ``PACK`` for one node), each asking for K CPUs (and GPUs, ``gpus_per_rank`
 torch.distributed's as everywhere else: ``MASTER_ADDR`` is the first actor's node IP, ``MASTER_PORT`` a
 port that actor found free there.
 
-Events: the supervisor listens on a TCP port; each actor connects, says which node it is (one hello
-line), and hands the connected socket to its agent **as its stdout**, so the agent's relayed event lines
-go straight to the supervisor (the srun backend's pipe, over TCP). :class:`RayAttempt` reads them with
-the same :class:`~gpufleet.backends.process.PipeChannel`.
+Events travel over the TCP event channel (:mod:`gpufleet.backends.channel`): the supervisor listens;
+each actor connects, says which node it is (one hello line), and hands the connected socket to its
+agent **as its stdout**, so the agent's relayed event lines go straight to the supervisor (the srun
+backend's pipe, over TCP). :class:`RayAttempt` reads them with the same
+:class:`~gpufleet.backends.process.PipeChannel`.
 
 Exit codes: each actor's ``wait()`` resolves to its agent's failed rank's own code (the srun rule). An
 actor that dies (its node lost, its worker process killed) reads as -9.
@@ -25,7 +26,8 @@ attempt had: with fewer nodes left, each runs more ranks (down to ``min_nodes``)
 ends bit-identical to an unfailed one.
 
 Health (``gpufleet health check`` as a Ray task per node, and quarantine) lives in
-:mod:`gpufleet.backends.ray_health`. ``python -m gpufleet.backends.ray`` is the agent's entry.
+:mod:`gpufleet.backends.ray.quarantine`. ``python -m gpufleet.backends.ray`` is the agent's entry
+(:mod:`gpufleet.backends.ray.agent`).
 
 Ray is imported lazily (the ``ray`` extra).
 """
@@ -39,15 +41,17 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from gpufleet.backends.agent import exit_report
 from gpufleet.backends.base import CONTINUE, Attempt, Backend, Blame, LaunchSpec, Verdict, Worker
+from gpufleet.backends.channel import read_hello, send_hello
 from gpufleet.backends.process import PipeChannel
 from gpufleet.core import events as E
-from gpufleet.core.env import Env, read_env
+from gpufleet.core.env import Env
 from gpufleet.core.errors import ConfigError
 from gpufleet.core.ledger import EventSink
 
@@ -182,7 +186,7 @@ class NodeAgent:
         }
         sock = socket.create_connection(channel, timeout=30)
         try:
-            sock.sendall(hello.encode() + b"\n")
+            send_hello(sock, *hello.split())
             sock.setblocking(True)
             with open(log_dir / f"agent-{self.node}.log", "ab") as err:
                 self.proc = subprocess.Popen(
@@ -322,6 +326,10 @@ class RayBackend(Backend):
     """Workers on a Ray cluster: a placement group per attempt, an agent per node (see module doc)."""
 
     name = "ray"
+
+    @classmethod
+    def options(cls, flags: Mapping[str, Any]) -> dict[str, Any]:
+        return {"address": flags["address"], "nodes": flags["nodes"], "min_nodes": flags["min_nodes"]}
 
     def __init__(
         self,
@@ -472,7 +480,7 @@ class RayBackend(Backend):
                 except TimeoutError:
                     conn = None
                 if conn is not None:
-                    hello = _read_line(conn, 5.0).split()
+                    hello = read_hello(conn, 5.0)
                     if len(hello) == 2 and hello[0] == token and int(hello[1]) in pending:
                         i = int(hello[1])
                         pending.discard(i)
@@ -568,7 +576,7 @@ class RayBackend(Backend):
 
 
 def quarantined() -> dict[str, str]:
-    """Node id -> hold actor name, for every node gpufleet quarantined (:mod:`.ray_health` holds and
+    """Node id -> hold actor name, for every node gpufleet quarantined (:mod:`.quarantine` holds and
     releases them; placement leaves them out)."""
     out = {}
     for a in _ray().util.list_named_actors(all_namespaces=True):
@@ -580,53 +588,3 @@ def quarantined() -> dict[str, str]:
 
 def _probe() -> str:
     return str(_ray().get_runtime_context().get_node_id())
-
-
-def _read_line(conn: socket.socket, timeout: float) -> str:
-    """One hello line, read a byte at a time so nothing after it is consumed."""
-    conn.settimeout(timeout)
-    buf = b""
-    try:
-        while not buf.endswith(b"\n") and len(buf) < 256:
-            b = conn.recv(1)
-            if not b:
-                break
-            buf += b
-    except OSError:
-        return ""
-    conn.settimeout(None)
-    return buf.decode(errors="replace").strip()
-
-
-# ------------------------------------------------------------------------------ the agent entry
-def _die_with_parent() -> None:
-    """Ask Linux to SIGTERM this process when its parent (the actor) dies: the agent then stops its ranks."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def main() -> int:
-    from gpufleet.backends.agent import Agent
-
-    raw = os.environ.get(Env.AGENT_SPEC)
-    node = os.environ.get(Env.NODE)
-    if not raw or not node:
-        print(
-            "gpufleet ray agent: $GPUFLEET_AGENT_SPEC/$GPUFLEET_NODE unset (the ray backend sets them)",
-            file=sys.stderr,
-        )
-        return 2
-    _die_with_parent()
-    spec = LaunchSpec(**json.loads(raw))
-    if spec.log_dir is None:  # worker output must never reach stdout: that is the event channel
-        spec.log_dir = os.path.join(spec.env[Env.RUN_DIR], "logs")
-    return Agent(spec, node, read_env(Env.AGENT_GRACE, float, 5.0)).run()
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,10 +1,10 @@
 """``gpufleet health sweep|release --backend ray``: node health on a Ray cluster (docs/backends/ray.md).
 
-Thin: parse, call :mod:`gpufleet.backends.ray_health`, render. ``sweep`` runs ``gpufleet health check``
+Thin: parse, call :mod:`gpufleet.backends.ray.quarantine`, render. ``sweep`` runs ``gpufleet health check``
 once per alive Ray node as a Ray task pinned to it, prints each node's table and records the results in
 the fleet ledger. It changes nothing on the cluster unless ``--quarantine`` is given: then a failing
 node's ``gpufleet`` resource is held (new placement groups avoid it) and a held node that passes is
-released, each decision audited as a ``ray_action`` event. ``release`` ends one node's quarantine by
+released, each decision audited as a ``node_action`` event. ``release`` ends one node's quarantine by
 hand. Exit codes of ``sweep`` are ``health check``'s: 0 every node OK/WARN, 1 a FAIL somewhere, 3 a node
 without a verdict (only INCOMPLETE problems, or the task died), 2 bad input.
 """
@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gpufleet.cli.health import FleetOpt, PlanOpt, render_report
+from gpufleet.cli.health.check import FleetOpt, PlanOpt, render_report
 from gpufleet.core.errors import UsageError
 from gpufleet.core.exitcodes import ExitCode
 
 if TYPE_CHECKING:
-    from gpufleet.backends.ray_health import NodeHealth
+    from gpufleet.backends.ray.quarantine import NodeHealth
 
 __all__ = ["register", "SweepBackend", "SweepRequest", "sweep_command", "release_command"]
 
@@ -86,8 +86,8 @@ ResourceOpt = Annotated[
 
 def _connect(address: str | None, resource: str) -> bool:
     """Join the cluster (one line + exit 2 when it does not answer); True when this call joined."""
-    from gpufleet.backends.ray import connect
-    from gpufleet.backends.ray_health import sweep_nodes
+    from gpufleet.backends.ray.backend import connect
+    from gpufleet.backends.ray.quarantine import sweep_nodes
 
     owned = connect(address)
     if not sweep_nodes(resource):
@@ -135,7 +135,7 @@ def sweep_command(
         typer.Option(
             "--quarantine",
             help="Act (off by default): hold a failing node's resource so new placement groups avoid it, "
-            "release a held node that passes; every decision is a ray_action event in the fleet ledger.",
+            "release a held node that passes; every decision is a node_action event in the fleet ledger.",
         ),
     ] = False,
     env: Annotated[
@@ -147,7 +147,7 @@ def sweep_command(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON list of node results.")] = False,
 ) -> int:
     """Run `gpufleet health check` once on every alive node of a Ray cluster, as a Ray task per node."""
-    from gpufleet.backends.ray_health import health_sweep
+    from gpufleet.backends.ray.quarantine import health_sweep
 
     del backend  # one choice today: ray
     req = SweepRequest.parse(plan, env or [], quarantine, resource, timeout)
@@ -176,7 +176,7 @@ def _sweep(req: SweepRequest, fleet: Path | None, health_sweep: Any, progress: b
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from gpufleet.backends.ray_health import sweep_nodes
+    from gpufleet.backends.ray.quarantine import sweep_nodes
 
     with Progress(
         TextColumn("health sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -218,8 +218,8 @@ def release_command(
     resource: ResourceOpt = "gpufleet",
 ) -> int:
     """End a Ray node's quarantine by hand (audited). Exit 0 released, 1 it was not held, 2 bad input."""
-    from gpufleet.backends import ray_health as H
-    from gpufleet.backends.ray import node_name
+    from gpufleet.backends.ray import quarantine as H
+    from gpufleet.backends.ray.backend import node_name
     from gpufleet.core import events as E
     from gpufleet.health.nodes import record_state
 
@@ -231,12 +231,12 @@ def release_command(
             raise UsageError(f"no single Ray node (or quarantined node) matches {node!r}")
         name = node_name(node_id)
         who = f"released by {getpass.getuser()} (gpufleet health release)"
+        acts, release = H.RayActions(fleet=fleet_dir, resource=resource), E.NodeActionKind.RELEASE
         if not H.release(node_id):
-            refused = E.ActionResult.REFUSED
-            H.audit(name, E.RayActionKind.RELEASE, refused, "not quarantined", fleet_dir, "operator")
+            acts.record(name, release, E.ActionResult.REFUSED, "not quarantined", check="operator")
             print(f"gpufleet: Ray node {name} is not quarantined: nothing to release", file=sys.stderr)
             return ExitCode.FAILED
-        H.audit(name, E.RayActionKind.RELEASE, E.ActionResult.DONE, who, fleet_dir, "operator")
+        acts.record(name, release, E.ActionResult.DONE, who, check="operator")
         record_state(name, "in_service", who, by="admin", fleet=fleet_dir)
         typer.echo(f"released Ray node {name}: its {resource!r} resource is free for placement again")
         return ExitCode.OK

@@ -1,7 +1,7 @@
-"""``gpufleet run --backend slurm``: write a readable sbatch script and submit it (:func:`submit_batch`).
+"""``gpufleet run --backend slurm``: write a readable sbatch script and submit it (:class:`SlurmSubmitter`).
 
 The script runs the same supervisor inside the allocation with the srun backend (one agent per node,
-see :mod:`gpufleet.backends.srun`). Choices, each for a reason:
+see :mod:`gpufleet.backends.slurm.srun`). Choices, each for a reason:
 
 - ``--requeue``: a job whose batch node dies is requeued by Slurm itself.
 - ``--no-kill``: when another node of the allocation fails, Slurm keeps the job and the supervisor
@@ -22,16 +22,18 @@ import os
 import re
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any, ClassVar
 
-from gpufleet.backends.srun import REQUEUE_MARK
+from gpufleet.backends.base import Submitter
+from gpufleet.backends.slurm.srun import REQUEUE_MARK
 from gpufleet.core.errors import ConfigError, UsageError
 
 __all__ = [
-    "SbatchSpec", "Submission", "submit_batch", "render_sbatch", "time_limit_s", "write_sbatch", "submit",
-    "exclusions", "parse_jobid",
+    "SlurmSubmitter", "SbatchSpec", "Submission", "submit_batch", "render_sbatch", "time_limit_s",
+    "write_sbatch", "submit", "exclusions", "parse_jobid",
 ]
 
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
@@ -173,7 +175,7 @@ def parse_jobid(out: str) -> str:
 
 def submit(path: str | os.PathLike[str], timeout: float = 30.0) -> str:
     """Submit the script with ``sbatch --parsable``; returns the job id."""
-    from gpufleet.health.slurm import SlurmError, run_slurm
+    from gpufleet.backends.slurm.actions import SlurmError, run_slurm
 
     try:
         return parse_jobid(run_slurm(["sbatch", "--parsable", str(path)], timeout))
@@ -186,8 +188,8 @@ def exclusions(extra: Sequence[str] = (), fleet: str | None = None) -> list[str]
 
     When Slurm answers, names it does not know are dropped (sbatch rejects unknown nodes).
     """
+    from gpufleet.backends.slurm.actions import SlurmError, cluster_nodes
     from gpufleet.health.nodes import exclude_list
-    from gpufleet.health.slurm import SlurmError, cluster_nodes
 
     names = set(exclude_list(fleet)) | {n for n in extra if n}
     try:
@@ -195,3 +197,67 @@ def exclusions(extra: Sequence[str] = (), fleet: str | None = None) -> list[str]
     except SlurmError:
         return sorted(names)
     return sorted(names & known)
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmSubmitter(Submitter):
+    """``gpufleet run --backend slurm``: the batch job's own flags; its supervisor runs on ``srun``."""
+
+    inner: ClassVar[str] = "srun"
+
+    nodes: int
+    """Nodes to train on (``--nodes``)."""
+    spare_nodes: int
+    """Extra nodes allocated as hot spares for a lost node."""
+    min_nodes: int | None
+    """Go on with fewer nodes down to this; else requeue."""
+    partition: str | None
+    """The Slurm partition."""
+    time_limit: str | None
+    """The Slurm time limit (``--time``)."""
+    exclude: tuple[str, ...]
+    """Nodes to avoid, besides the node state log's."""
+    job_name: str
+    """The Slurm job name."""
+    submit_job: bool
+    """Submit (``--submit``), or only write ``RUN_DIR/job.sbatch`` (``--dry-run``)."""
+
+    @classmethod
+    def from_flags(cls, flags: Mapping[str, Any]) -> SlurmSubmitter:
+        return cls(
+            nodes=flags["nodes"] or 1,
+            spare_nodes=flags["spare_nodes"],
+            min_nodes=flags["min_nodes"],
+            partition=flags["partition"],
+            time_limit=flags["time_limit"],
+            exclude=tuple(flags["exclude"] or ()),
+            job_name=flags["job_name"],
+            submit_job=flags["submit"],
+        )
+
+    def submit(
+        self, command: list[str], nproc_per_node: int, run_dir: str, supervisor_flags: list[str]
+    ) -> int:
+        spec = SbatchSpec(
+            command=command,
+            run_dir=run_dir,
+            nodes=self.nodes,
+            spare_nodes=self.spare_nodes,
+            min_nodes=self.min_nodes,
+            nproc_per_node=nproc_per_node,
+            partition=self.partition,
+            time=self.time_limit,
+            job_name=self.job_name,
+            exclude=list(self.exclude),  # submit_batch adds the node state log's
+            supervisor_flags=supervisor_flags,
+        )
+        sub = submit_batch(spec, dry_run=not self.submit_job)
+        if sub.job_id is None:
+            print(f"gpufleet: wrote {sub.script} (not submitted; sbatch {sub.script})", file=sys.stderr)
+            return 0
+        print(sub.job_id)
+        print(
+            f"gpufleet: submitted job {sub.job_id} ({sub.script}); see `gpufleet report {spec.run_dir}`",
+            file=sys.stderr,
+        )
+        return 0

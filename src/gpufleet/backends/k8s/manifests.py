@@ -20,7 +20,7 @@ One run named NAME in namespace NS (``gpufleet run --backend k8s --nodes M -n K 
   ``gpufleet-npd``: a ConfigMap with node-problem-detector's custom-plugin monitor that runs the quick
   plan (exit codes mapped to NPD's 0 OK / 1 problem / 2 unknown) and its script.
 
-Every object here validates with ``kubernetes-validate --strict`` (tests/unit/k8s).
+Every object here validates with ``kubernetes-validate --strict`` (tests/unit/backends/k8s).
 """
 
 from __future__ import annotations

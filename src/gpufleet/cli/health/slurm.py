@@ -67,7 +67,7 @@ def render(
         head
         + "\n".join(env)
         + "\n# Slurm ignores this program's exit code: drain (owned prefix) or resume happens inside.\n"
-        + f"exec {py} -m gpufleet.health.slurm healthcheck {node} -- {quick}\n"
+        + f"exec {py} -m gpufleet.backends.slurm healthcheck {node} -- {quick}\n"
     )
     prolog = (
         head
@@ -81,7 +81,7 @@ def render(
         + "\n".join(env)
         + "\n# Deeper tier after a failed job only; drains through the owned-prefix path.\n"
         + "[ \"${SLURM_JOB_EXIT_CODE:-0}\" = 0 ] && exit 0\n"
-        + f"timeout 290 {py} -m gpufleet.health.slurm healthcheck {node} -- {postfail} >/dev/null 2>&1\n"
+        + f"timeout 290 {py} -m gpufleet.backends.slurm healthcheck {node} -- {postfail} >/dev/null 2>&1\n"
         + "exit 0\n"
     )
     d = script_dir.rstrip("/")
@@ -166,7 +166,7 @@ def register(app: typer.Typer) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m gpufleet.cli.health_slurm`` (CI uses it before ``gpufleet health`` exists)."""
+    """``python -m gpufleet.cli.health.slurm`` (CI uses it before ``gpufleet health`` exists)."""
     standalone = typer.Typer(add_completion=False)
     standalone.command()(slurm_config_command)
     standalone(args=argv if argv is not None else sys.argv[1:])

@@ -21,7 +21,7 @@ import pytest
 
 from gpufleet.backends import LaunchSpec
 from gpufleet.backends.agent import exit_report
-from gpufleet.backends.k8s import prestop
+from gpufleet.backends.k8s.agent import prestop
 from gpufleet.backends.process import PipeChannel
 
 WORKER = r"""

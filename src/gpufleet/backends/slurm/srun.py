@@ -25,8 +25,10 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
 from gpufleet.backends.agent import exit_report
 from gpufleet.backends.base import CONTINUE, Attempt, Backend, Blame, LaunchSpec, Verdict, Worker
@@ -42,7 +44,7 @@ REQUEUE_MARK = ".gpufleet-requeue"
 
 
 def _slurm(argv: list[str], timeout: float = 15.0) -> str:
-    from gpufleet.health.slurm import run_slurm
+    from gpufleet.backends.slurm.actions import run_slurm
 
     return run_slurm(argv, timeout)
 
@@ -88,6 +90,10 @@ class SrunAttempt(ProcessAttempt):
 
 class SrunBackend(Backend):
     name = "srun"
+
+    @classmethod
+    def options(cls, flags: Mapping[str, Any]) -> dict[str, Any]:
+        return {"nodes": flags["nodes"], "min_nodes": flags["min_nodes"]}
 
     def __init__(
         self,
@@ -258,12 +264,11 @@ class SrunBackend(Backend):
         )
 
     def _isolate(self, node: str, reason: str, ledger: EventSink, check: str) -> None:
+        from gpufleet.backends.slurm.actions import SlurmActions, SlurmError
         from gpufleet.health.nodes import record_state
-        from gpufleet.health.slurm import SlurmActions, SlurmError
 
         record_state(node, "suspect", reason, component="host", check=check)  # its reputation drops
         try:
-            SlurmActions(sink=ledger).drain(node, check, reason, component="host")
-        except SlurmError as e:
-            ledger.emit(E.SlurmActionFailed(node=node, action=E.SlurmActionKind.DRAIN, error=str(e)))
+            SlurmActions(sink=ledger).isolate(node, check, reason, component="host")
+        except SlurmError as e:  # recorded as a failed node_action: the run goes on without the node
             print(f"gpufleet: could not drain {node}: {e}", file=sys.stderr)

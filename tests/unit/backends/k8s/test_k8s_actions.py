@@ -4,7 +4,7 @@
 The contract, as for Slurm drains: gpufleet's cordon carries an owned reason (annotation) and a taint
 and a bad-reputation label in one strategic-merge patch; an administrator's cordon is never touched
 (not tainted, never uncordoned); a circuit breaker refuses to isolate more than half the cluster within
-its window; every decision is a `k8s_action` event in the fleet ledger, and a cordon/release a
+its window; every decision is a `node_action` event in the fleet ledger, and a cordon/release a
 `node_state`.
 """
 
@@ -21,19 +21,20 @@ from .replay import Replay
 
 pytest.importorskip("kubernetes")
 
-from gpufleet.k8s.actions import K8sActions, node_ready  # noqa: E402
+from gpufleet.backends.k8s.actions import K8sActions, node_ready  # noqa: E402
 
 DETAIL = "gpu3 xid 79 (fallen off the bus)"
 REASON = f"gpufleet: gpu.state: {DETAIL}"
 
 
 def k8s_events(fleet) -> list[dict]:
-    return [e for e in read_events(fleet) if e["ev"] in ("k8s_action", "node_state")]
+    return [e for e in read_events(fleet) if e["ev"] in ("node_action", "node_state")]
 
 
-def cordoned(node: str, t: float) -> E.K8sAction:
+def cordoned(node: str, t: float) -> E.NodeAction:
     """A past cordon by gpufleet, as the fleet ledger holds it."""
-    return E.K8sAction(t=t, node=node, action=E.K8sActionKind.CORDON, result=E.ActionResult.DONE, reason="x")
+    done, isolate = E.ActionResult.DONE, E.NodeActionKind.ISOLATE
+    return E.NodeAction(t=t, node=node, platform=E.NodePlatform.K8S, action=isolate, result=done, reason="x")
 
 
 def run(name: str, fleet, call):
@@ -52,7 +53,7 @@ def test_cordon_is_one_patch_with_owned_reason_taint_and_label(tmp_path):
     assert patch["body"]["metadata"]["annotations"] == {"gpufleet.io/cordon-reason": REASON}
     evs = k8s_events(tmp_path)
     assert [(e["ev"], e.get("action"), e.get("result"), e.get("state")) for e in evs] == [
-        ("k8s_action", "cordon", "done", None),
+        ("node_action", "isolate", "done", None),
         ("node_state", None, None, "drained"),
     ]
     assert evs[0]["reason"] == REASON and evs[0]["check"] == "gpu.state"
@@ -67,7 +68,7 @@ def test_an_admin_cordon_is_left_alone(tmp_path):
     ok, api = run("cordon_admin", tmp_path, lambda a: a.isolate("gpu-3", "gpu.state", "xid 79"))
     assert not ok and [s["method"] for s in api.seen] == ["GET"]  # no taint, no annotation, no patch
     (ev,) = k8s_events(tmp_path)
-    assert (ev["action"], ev["result"]) == ("cordon", "refused") and "someone else" in ev["reason"]
+    assert (ev["action"], ev["result"]) == ("isolate", "refused") and "someone else" in ev["reason"]
     ok, api = run("release_admin", tmp_path, lambda a: a.release("gpu-3"))
     assert not ok and [s["method"] for s in api.seen] == ["GET"]  # never uncordoned by gpufleet
     assert k8s_events(tmp_path)[-1]["result"] == "refused"
@@ -82,10 +83,10 @@ def test_release_undoes_only_gpufleets_own_cordon(tmp_path):
     assert body["metadata"]["annotations"] == {"gpufleet.io/cordon-reason": None}
     evs = k8s_events(tmp_path)
     assert [(e["ev"], e.get("result"), e.get("state")) for e in evs] == [
-        ("k8s_action", "done", None),
+        ("node_action", "done", None),
         ("node_state", None, "repaired"),
     ]
-    assert REASON in evs[0]["reason"]  # the cordon it undid
+    assert evs[0]["previous"] == REASON  # the cordon it undid
 
 
 def test_release_of_another_checks_cordon_is_refused(tmp_path):
