@@ -78,7 +78,7 @@ from gpufleet.checkpoint.manifest import (
     step_dirname,
     write_manifest,
 )
-from gpufleet.checkpoint.memtier import MemoryKeeper, manifest_bytes
+from gpufleet.checkpoint.storage.memory import MemoryKeeper, manifest_bytes
 from gpufleet.checkpoint.verify import hash_file, xxh3_hex
 from gpufleet.core import events as E
 
