@@ -9,7 +9,6 @@ decision is agreed through a MAX all-reduce on a small control group, so every r
 from __future__ import annotations
 
 import copy
-import os
 import shutil
 import socket
 import sys

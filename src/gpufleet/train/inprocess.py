@@ -115,7 +115,7 @@ def serve(order: dict[str, Any], orders: IO[str], apply: Any) -> None:
             _run_script(argv, module)
             return  # the script ended normally: the process exits 0 (or the script's own code)
         except BaseException as exc:
-            from gpufleet.train.run import RebuildRound
+            from gpufleet.train.recovery import RebuildRound
 
             if isinstance(exc, RebuildRound):  # its round's other ranks build: so must this one
                 del exc
