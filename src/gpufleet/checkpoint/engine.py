@@ -162,19 +162,19 @@ class CheckpointEngine:
         self._job: _Job | None = None
         self._error: str | None = None
         self._newest_verified: int | None = None
-        # The in-memory tier (memtier.py): rank 0 copies each commit into this node's keeper.
+        # The in-memory tier (storage/memory.py): rank 0 copies each commit into this node's keeper.
         self._memory: Path | None = None
         self._keeper: MemoryKeeper | None = None
         self._memory_warned = False
         self._snapshot_warned = False
-        # Ranks on several nodes: node parts replicated to a peer node's keeper instead (peer.py).
+        # Ranks on several nodes: node parts replicated to a peer node's keeper instead (storage/peer.py).
         self._peer: PeerTier | None = None
         if config.memory_bytes > 0 and not config.read_only:
             self._memory = Path(config.memory_dir) if config.memory_dir else keeper_dir(config.dir)
             if self._distributed:
                 self._peer = PeerTier.setup(self._memory, config.memory_bytes, rank, self.pg, sink)
             if self._peer is not None:
-                self._memory = None  # the keeper holds node parts: peer.py restores them
+                self._memory = None  # the keeper holds node parts: storage/peer.py restores them
             elif rank == 0:
                 self._keeper = MemoryKeeper(self._memory, config.memory_bytes)
         if rank == 0 and not config.read_only:

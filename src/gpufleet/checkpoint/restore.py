@@ -68,7 +68,7 @@ class RestoreContext:
     emit: Callable[..., None]
     buffer_for: Callable[[str, torch.Tensor], torch.Tensor]
     pool: ScratchPool
-    memory: Path | None = None  # this node's in-memory tier (memtier.py), tried before local disk
+    memory: Path | None = None  # this node's in-memory tier (storage/memory.py), tried before local disk
 
 
 def receive_buffers(ctx: RestoreContext, state_dict: dict[str, Any]) -> dict[str, torch.Tensor]:

@@ -71,7 +71,13 @@ class Checkpointer:
         return self.rank == 0
 
     def rebind(
-        self, settings: RunSettings, *, rank: int, world_size: int, sink: EventSink, group: ProcessGroup | None
+        self,
+        settings: RunSettings,
+        *,
+        rank: int,
+        world_size: int,
+        sink: EventSink,
+        group: ProcessGroup | None,
     ) -> None:
         """A new round (in place): its settings, rank, sink and group; the next engine is made for them."""
         self.settings = settings

@@ -136,7 +136,9 @@ class Recovery:
         self._emptied.clear()
 
     # ------------------------------------------------------------------ a hot spare
-    def await_promotion(self, settings: RunSettings, preload: Callable[[int], Held | None]) -> Preloader | None:
+    def await_promotion(
+        self, settings: RunSettings, preload: Callable[[int], Held | None]
+    ) -> Preloader | None:
         """A hot spare: wait for the order that makes it a rank, then leave the placeholder group. Its
         model and optimizer were built meanwhile. In place, ``preload(step)`` loads each new commit into
         them while it waits; the returned preloader has what they hold (see :meth:`promoted`)."""
@@ -267,7 +269,9 @@ class Recovery:
                 except SnapshotMismatch as e:
                     reason, template = str(e), None
             if reason is not None:
-                sink.emit(E.RestoreRejected(path=snap.path, step=snap.step, reason=f"in-process copy: {reason}"))
+                sink.emit(
+                    E.RestoreRejected(path=snap.path, step=snap.step, reason=f"in-process copy: {reason}")
+                )
         elif held is not None and (max_step is None or held.step <= max_step):
             step = held.step
         if not agree(step, newest_commit(checkpointer.settings.ckpt_dir, max_step), group):

@@ -26,7 +26,9 @@ __all__ = ["StreamingUpload", "upload_dir"]
 log = logging.getLogger(__name__)
 
 
-def upload_dir(store: S3Store, local_dir: Path, prefix: str, *, uploaded: Mapping[str, int] | None = None) -> int:
+def upload_dir(
+    store: S3Store, local_dir: Path, prefix: str, *, uploaded: Mapping[str, int] | None = None
+) -> int:
     """Upload every file under ``local_dir`` to ``<url>/<prefix>/``, ``manifest.json`` last.
 
     ``uploaded``: relative name -> size of files already in place under the prefix (a
