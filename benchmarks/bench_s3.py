@@ -44,7 +44,7 @@ import torch  # noqa: E402
 
 from common import blank_like, make_state, median, print_table, state_bytes, write_json  # noqa: E402
 from gpufleet.checkpoint import CheckpointConfig, CheckpointEngine  # noqa: E402
-from gpufleet.checkpoint.storage.s3.client import S3Store  # noqa: E402
+from gpufleet.checkpoint.storage.s3 import S3Store  # noqa: E402
 from support.seaweed import SeaweedServer  # noqa: E402
 
 MiB = 1024 * 1024

@@ -13,7 +13,7 @@ from gpufleet.core.errors import RetryableStorageError, TerminalStorageError
 
 pytest.importorskip("boto3")
 
-from gpufleet.checkpoint.storage.s3.client import S3Store  # noqa: E402
+from gpufleet.checkpoint.storage.s3 import S3Store  # noqa: E402
 from support.flaky_proxy import FlakyProxy  # noqa: E402
 
 pytestmark = pytest.mark.s3

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.checkpoint.storage.s3.client import S3Store, parse_s3_url
+from gpufleet.checkpoint.storage.s3 import S3Store
+from gpufleet.checkpoint.storage.s3.client import parse_s3_url
 from gpufleet.checkpoint.storage.s3.download import RANGE_MAX, RANGE_MIN, plan_range_size
 from gpufleet.core.errors import RetryableStorageError, TerminalStorageError, UsageError
 

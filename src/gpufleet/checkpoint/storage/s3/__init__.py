@@ -3,30 +3,30 @@
 Layout mirrors the local one: ``<upload_url>/step_00000123/...`` with ``manifest.json`` uploaded
 last, so a remote prefix without a manifest is as invisible as a local directory without one.
 
-These functions take the :class:`~gpufleet.checkpoint.config.CheckpointConfig` and work through one
-cached :class:`~gpufleet.checkpoint.storage.s3.client.S3Store` per URL, imported on first use
-(boto3 is the ``s3`` extra): ``client`` (the store, its retries and error classes), ``download``
-(ranged parallel GETs) and ``upload`` (whole directories and streaming multipart parts).
+:class:`S3Store` is one ``s3://bucket/prefix``: the :class:`~.client.S3Client` (the pooled boto3
+client, loaded on first use: boto3 is the ``s3`` extra; its retries and error classes) with the
+directory transfers of :mod:`.download` (ranged parallel GETs) and :mod:`.upload` (whole directories
+and streaming multipart parts). The functions below take the
+:class:`~gpufleet.checkpoint.config.CheckpointConfig` and work through one cached store per URL.
 """
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from gpufleet.checkpoint.config import CheckpointConfig, CheckpointInfo
 from gpufleet.checkpoint.manifest import MANIFEST_NAME, Manifest, parse_step, step_dirname
+from gpufleet.checkpoint.storage.s3 import download, upload
+from gpufleet.checkpoint.storage.s3.client import S3Client
+from gpufleet.checkpoint.storage.s3.upload import StreamingUpload
 from gpufleet.core import events as E
 from gpufleet.core.errors import StorageError
 
-if TYPE_CHECKING:
-    from gpufleet.checkpoint.storage.s3.client import S3Store
-    from gpufleet.checkpoint.storage.s3.upload import StreamingUpload
-
 __all__ = [
+    "S3Store",
     "stream_upload",
     "upload_commit",
     "download_commit",
@@ -40,10 +40,27 @@ __all__ = [
 CACHE_DIR = ".s3cache"  # downloads land here, never over a local checkpoint
 
 
+class S3Store(S3Client):
+    """Checkpoint directories under ``s3://bucket/prefix``: upload, list, read, download, delete."""
+
+    def upload_dir(self, local_dir: Path, prefix: str, *, uploaded: Mapping[str, int] | None = None) -> int:
+        """Upload every file under ``local_dir`` to ``<url>/<prefix>/``, ``manifest.json`` last
+        (:func:`.upload.upload_dir`); the bytes now in place."""
+        return upload.upload_dir(self, local_dir, prefix, uploaded=uploaded)
+
+    def streaming_upload(self, prefix: str) -> StreamingUpload:
+        """Start uploading files under ``<url>/<prefix>/`` while they are being written (see
+        :class:`StreamingUpload`); finish with ``upload_dir(dir, prefix, uploaded=s.finish(dir))``."""
+        return upload.streaming_upload(self, prefix)
+
+    def download_dir(self, prefix: str, local_dir: Path) -> int:
+        """Download every object under ``prefix`` into ``local_dir``, manifest last
+        (:func:`.download.download_dir`); the bytes downloaded."""
+        return download.download_dir(self, prefix, local_dir)
+
+
 @lru_cache(maxsize=8)
 def _store(url: str, endpoint: str | None) -> S3Store:
-    from gpufleet.checkpoint.storage.s3.client import S3Store
-
     return S3Store(url, endpoint_url=endpoint)
 
 

@@ -4,7 +4,7 @@ Library: **boto3** (with botocore and s3transfer). It is the de-facto standard S
 S3-compatible server is tested against it; botocore brings retry modes with a retry quota and the
 credential chain (env, profile, instance role, SSO); s3transfer brings a multipart transfer manager
 with parallel parts (used for uploads). boto3 is the ``s3`` extra and is imported here lazily,
-inside :class:`S3Store`, so ``import gpufleet`` in a training rank stays cheap.
+inside :class:`S3Client`, so ``import gpufleet`` in a training rank stays cheap.
 
 The store lists, reads and deletes itself; its directory transfers live beside it: ranged,
 parallel downloads in :mod:`~gpufleet.checkpoint.storage.s3.download`, whole-directory and
@@ -35,17 +35,14 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from gpufleet.core.errors import RetryableStorageError, StorageError, TerminalStorageError, UsageError
 
-if TYPE_CHECKING:
-    from gpufleet.checkpoint.storage.s3.upload import StreamingUpload
-
-__all__ = ["S3Store", "parse_s3_url", "MANIFEST_NAME"]
+__all__ = ["S3Client", "parse_s3_url", "MANIFEST_NAME"]
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +108,7 @@ _CLIENTS_LOCK = threading.Lock()
 
 
 def _shared_client(key: tuple[Any, ...] | None, make: Callable[[], Any]) -> Any:
-    """A botocore client per (endpoint, credentials, settings), shared by every S3Store that asks.
+    """A botocore client per (endpoint, credentials, settings), shared by every store that asks.
 
     Creating one loads and parses botocore's service model: 0.05-0.15 CPU-s each time, paid by
     every store (one per upload URL, a fresh one per restore) before a single byte moves."""
@@ -124,8 +121,9 @@ def _shared_client(key: tuple[Any, ...] | None, make: Callable[[], Any]) -> Any:
         return client
 
 
-class S3Store:
-    """Checkpoint directories under ``s3://bucket/prefix``: upload, list, read, download, delete."""
+class S3Client:
+    """One ``s3://bucket/prefix``: the pooled boto3 client, its retries and error classes; list, read
+    and delete. :class:`~gpufleet.checkpoint.storage.s3.S3Store` adds the directory transfers."""
 
     def __init__(
         self,
@@ -201,23 +199,9 @@ class S3Store:
         )
 
     def __repr__(self) -> str:  # credentials live only inside the boto client; never shown
-        return f"S3Store(url={self.url!r}, endpoint_url={self.endpoint_url!r})"
+        return f"{type(self).__name__}(url={self.url!r}, endpoint_url={self.endpoint_url!r})"
 
     # ----------------------------------------------------------------------------- public API
-    def upload_dir(self, local_dir: Path, prefix: str, *, uploaded: Mapping[str, int] | None = None) -> int:
-        """Upload every file under ``local_dir`` to ``<url>/<prefix>/``, ``manifest.json`` last
-        (see :func:`gpufleet.checkpoint.storage.s3.upload.upload_dir`); the bytes in place."""
-        from gpufleet.checkpoint.storage.s3.upload import upload_dir
-
-        return upload_dir(self, local_dir, prefix, uploaded=uploaded)
-
-    def streaming_upload(self, prefix: str) -> StreamingUpload:
-        """Start uploading files under ``<url>/<prefix>/`` while they are being written (see
-        :class:`StreamingUpload`); finish with ``upload_dir(dir, prefix, uploaded=s.finish(dir))``."""
-        from gpufleet.checkpoint.storage.s3.upload import StreamingUpload
-
-        return StreamingUpload(self, self.key_for(_clean_rel(prefix, "prefix")))
-
     def list_prefixes(self) -> list[str]:
         """Sub-prefixes directly under the URL (e.g. ``step_00000100``) that hold a manifest.json."""
         root = f"{self.prefix}/" if self.prefix else ""
@@ -248,13 +232,6 @@ class S3Store:
         if not isinstance(doc, dict):
             raise TerminalStorageError(f"s3://{self.bucket}/{full} is JSON but not an object")
         return doc
-
-    def download_dir(self, prefix: str, local_dir: Path) -> int:
-        """Download every object under ``prefix`` into ``local_dir``, manifest last (see
-        :func:`gpufleet.checkpoint.storage.s3.download.download_dir`); the bytes downloaded."""
-        from gpufleet.checkpoint.storage.s3.download import download_dir
-
-        return download_dir(self, prefix, local_dir)
 
     def delete_prefix(self, prefix: str) -> None:
         """Delete ``<url>/<prefix>/``: the manifest FIRST (the checkpoint vanishes), then the rest."""

@@ -26,7 +26,7 @@ from gpufleet.checkpoint.storage.s3.client import MANIFEST_NAME, MiB, _clean_rel
 from gpufleet.core.errors import RetryableStorageError, StorageError, TerminalStorageError
 
 if TYPE_CHECKING:
-    from gpufleet.checkpoint.storage.s3.client import S3Store
+    from gpufleet.checkpoint.storage.s3.client import S3Client
 
 __all__ = ["download_dir", "fetch", "plan_range_size", "RANGE_MIN", "RANGE_MAX"]
 
@@ -110,7 +110,7 @@ def _release(body: Any) -> None:
     body.close()  # a partly read body closes its connection: it cannot be reused
 
 
-def download_dir(store: S3Store, prefix: str, local_dir: Path) -> int:
+def download_dir(store: S3Client, prefix: str, local_dir: Path) -> int:
     """Download every object under ``prefix`` into ``local_dir`` (manifest last); return bytes.
 
     All ranges of all files are fetched in parallel (see the module notes); the manifest is
@@ -146,7 +146,7 @@ def download_dir(store: S3Store, prefix: str, local_dir: Path) -> int:
     return sum(j.size for j in jobs)
 
 
-def fetch(store: S3Store, jobs: list[_Job]) -> None:
+def fetch(store: S3Client, jobs: list[_Job]) -> None:
     """Download ``jobs``: every range of every object in parallel, pwritten into place."""
     fds: list[int] = []
     ranges: list[_Range] = []
@@ -181,14 +181,14 @@ def fetch(store: S3Store, jobs: list[_Job]) -> None:
             os.close(fd)
 
 
-def _range_size(store: S3Store, jobs: list[_Job]) -> int:
+def _range_size(store: S3Client, jobs: list[_Job]) -> int:
     """Bytes per ranged GET: ``range_size`` if set, else adaptive (see :func:`plan_range_size`)."""
     if store.range_size is not None:
         return store.range_size
     return plan_range_size(sum(j.size for j in jobs), store.transfer_config.max_request_concurrency)
 
 
-def _get_range(store: S3Store, r: _Range, stop: threading.Event) -> None:
+def _get_range(store: S3Client, r: _Range, stop: threading.Event) -> None:
     """GET one range into place with bounded backoff; a retry resumes at the first missing byte."""
     last: StorageError | None = None
     for attempt in range(store.max_attempts):
@@ -213,7 +213,7 @@ def _get_range(store: S3Store, r: _Range, stop: threading.Event) -> None:
     ) from last
 
 
-def _get_into(store: S3Store, r: _Range, stop: threading.Event) -> None:
+def _get_into(store: S3Client, r: _Range, stop: threading.Event) -> None:
     """One ranged GET of ``[r.pos, r.end)``, pwritten at the same offsets; ``r.pos`` advances."""
     want = f"bytes={r.pos}-{r.end - 1}"
     extra = {"IfMatch": r.job.etag} if r.job.etag else {}

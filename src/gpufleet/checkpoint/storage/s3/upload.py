@@ -19,15 +19,15 @@ from gpufleet.checkpoint.storage.s3.client import MANIFEST_NAME, _clean_rel, _Jo
 from gpufleet.core.errors import RetryableStorageError, StorageError, TerminalStorageError, UsageError
 
 if TYPE_CHECKING:
-    from gpufleet.checkpoint.storage.s3.client import S3Store
+    from gpufleet.checkpoint.storage.s3.client import S3Client
 
-__all__ = ["StreamingUpload", "upload_dir"]
+__all__ = ["StreamingUpload", "streaming_upload", "upload_dir"]
 
 log = logging.getLogger(__name__)
 
 
 def upload_dir(
-    store: S3Store, local_dir: Path, prefix: str, *, uploaded: Mapping[str, int] | None = None
+    store: S3Client, local_dir: Path, prefix: str, *, uploaded: Mapping[str, int] | None = None
 ) -> int:
     """Upload every file under ``local_dir`` to ``<url>/<prefix>/``, ``manifest.json`` last.
 
@@ -61,7 +61,13 @@ def upload_dir(
     return total
 
 
-def _send(store: S3Store, jobs: list[_Job]) -> None:
+def streaming_upload(store: S3Client, prefix: str) -> StreamingUpload:
+    """Start uploading files under ``<url>/<prefix>/`` while they are being written (see
+    :class:`StreamingUpload`); finish with ``upload_dir(store, dir, prefix, uploaded=s.finish(dir))``."""
+    return StreamingUpload(store, store.key_for(_clean_rel(prefix, "prefix")))
+
+
+def _send(store: S3Client, jobs: list[_Job]) -> None:
     """Upload ``jobs`` in parallel (s3transfer); retry the failed ones in rounds with backoff."""
     from boto3.s3.transfer import create_transfer_manager
 
@@ -136,12 +142,12 @@ class StreamingUpload:
     local copy into the same multipart uploads, sends every last part, completes the uploads and
     returns ``{name: size}`` of the files now in S3 (a file below one part is left to a plain
     PUT: a multipart upload would cost two more requests). A file whose stream failed (a part out of
-    retries) is aborted and left out; ``S3Store.upload_dir(uploaded=...)`` then sends it whole, and
+    retries) is aborted and left out; ``upload_dir(uploaded=...)`` then sends it whole, and
     the manifest last, so a torn stream is never visible as a checkpoint.
     Memory: one part buffer per open file plus at most ``max_concurrency`` parts in flight; the
     buffers stay in a process-wide pool for the next checkpoint (:class:`_PartBuffers`)."""
 
-    def __init__(self, store: S3Store, base: str) -> None:
+    def __init__(self, store: S3Client, base: str) -> None:
         self.store = store
         self._base = base
         self._part = store.part_size
