@@ -15,7 +15,7 @@ Medians over trials; the 1-minute load average is recorded before and after.
 
 ``--nodes 2``: the same state in a 2-rank gloo job whose ranks sit on two simulated nodes (one rank
 each, ``GROUP_RANK`` set, one keeper directory per node on /dev/shm), the peer-replicated tier
-(checkpoint/peer.py). Each trial is a fresh 2-process job timing ``load`` on every rank (the slower
+(checkpoint/storage/peer.py). Each trial is a fresh 2-process job timing ``load`` on every rank (the slower
 rank is the job's load phase), sources interleaved in rotating order:
 
 - ``memory``: every node holds both parts (its own + its peer's replica): no transfer;

@@ -44,7 +44,7 @@ import torch  # noqa: E402
 
 from common import blank_like, make_state, median, print_table, state_bytes, write_json  # noqa: E402
 from gpufleet.checkpoint import CheckpointConfig, CheckpointEngine  # noqa: E402
-from gpufleet.checkpoint.s3 import S3Store  # noqa: E402
+from gpufleet.checkpoint.storage.s3 import S3Store  # noqa: E402
 from support.seaweed import SeaweedServer  # noqa: E402
 
 MiB = 1024 * 1024
@@ -241,7 +241,7 @@ class Bench:
         shutil.rmtree(dst)
 
     def cleanup(self) -> None:
-        for key, _, _ in self.store._list(self.base + "/"):
+        for key, _, _ in self.store.list_objects(self.base + "/"):
             self.client.delete_object(Bucket=self.bucket, Key=key)
 
 

@@ -115,7 +115,7 @@ def draw(out: Path) -> None:
         "backends: Backend.start -> Attempt (poll, request_final_checkpoint, stop, events),",
         "     after_failure -> Verdict; registry in backends/__init__; one subpackage per platform",
         "health: @register(name, component=...) checks by family; plans, GPU profiles: health/data/*.toml",
-        "storage: the checkpoint tiers, local directory + S3 (checkpoint/remote.py, s3.py)",
+        "storage: the checkpoint tiers, checkpoint/storage/{local, memory, peer, s3}",
         "serve: latency profiles (serve/plan/data/profiles/*.json, or fitted by serve profile)",
     ]
     ax.text(0.02, 0.215, ext[0], fontsize=10, weight="bold", va="top")

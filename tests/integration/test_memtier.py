@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.checkpoint.memtier import keeper_dir, release
+from gpufleet.checkpoint.storage.memory import keeper_dir, release
 from gpufleet.core.ledger import read_events
 from support.toyrun import final_sha, gpufleet_run
 

@@ -1,4 +1,4 @@
-"""The peer-replicated memory tier (checkpoint/peer.py) with real multi-process gloo jobs whose ranks
+"""The peer-replicated memory tier (checkpoint/storage/peer.py) with real multi-process gloo jobs whose ranks
 span two simulated nodes (support.nodes: the env of a 2-node job, one keeper directory per node).
 
 - a lost node (ranks killed with -9, its memory removed) restores from its peer's memory and the

@@ -13,7 +13,7 @@ from gpufleet.core.errors import RetryableStorageError, TerminalStorageError
 
 pytest.importorskip("boto3")
 
-from gpufleet.checkpoint.s3 import S3Store  # noqa: E402
+from gpufleet.checkpoint.storage.s3 import S3Store  # noqa: E402
 from support.flaky_proxy import FlakyProxy  # noqa: E402
 
 pytestmark = pytest.mark.s3
@@ -263,7 +263,8 @@ def test_a_range_that_keeps_failing_is_retryable(s3_server, s3_url: str, tmp_pat
 
 
 def test_an_object_replaced_or_shorter_than_listed_is_terminal(s3_url: str, tmp_path: Path) -> None:
-    from gpufleet.checkpoint.s3 import _Job
+    from gpufleet.checkpoint.storage.s3.client import _Job
+    from gpufleet.checkpoint.storage.s3.download import fetch
 
     src = tmp_path / "src"
     sized_checkpoint(src)
@@ -273,9 +274,9 @@ def test_an_object_replaced_or_shorter_than_listed_is_terminal(s3_url: str, tmp_
     store._sleep = lambda s: pytest.fail("a terminal error must not be retried")
     # Another version than the one listed (If-Match fails: 412), and a size the object no longer has.
     with pytest.raises(TerminalStorageError, match="412|PreconditionFailed"):
-        store._fetch([_Job(key, tmp_path / "a.bin", 5 * PART + 7, '"0123456789abcdef0123456789abcdef"')])
+        fetch(store, [_Job(key, tmp_path / "a.bin", 5 * PART + 7, '"0123456789abcdef0123456789abcdef"')])
     with pytest.raises(TerminalStorageError, match="object changed|416|InvalidRange"):
-        store._fetch([_Job(key, tmp_path / "b.bin", 5 * PART + 7 + 3 * PART)])
+        fetch(store, [_Job(key, tmp_path / "b.bin", 5 * PART + 7 + 3 * PART)])
 
 
 def test_local_write_error_is_terminal(s3_url: str, tmp_path: Path) -> None:
@@ -294,7 +295,7 @@ def test_adaptive_plan_fetches_small_objects_whole_and_splits_large_ones(
     s3_server, s3_url: str, tmp_path: Path
 ) -> None:
     """No range_size: about one range per worker's share, small objects in one GET each."""
-    from gpufleet.checkpoint.s3 import RANGE_MIN, plan_range_size
+    from gpufleet.checkpoint.storage.s3.download import RANGE_MIN, plan_range_size
 
     src = tmp_path / "src"
     files = {

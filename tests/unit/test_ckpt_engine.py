@@ -362,7 +362,7 @@ def test_deferred_copy_not_visible_before_wait_staged(tmp_path: Path) -> None:
 def test_skip_policy_and_force(tmp_path: Path) -> None:
     import threading
 
-    from gpufleet.checkpoint import writer
+    from gpufleet.checkpoint.storage.local import writer
 
     gate = threading.Event()
     orig = writer.SummingWriter.write_data
@@ -422,7 +422,7 @@ def test_disk_full_on_real_tiny_tmpfs(tmp_path: Path) -> None:
 
 def test_disk_full_at_write_boundary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Portable variant: the file write raises ENOSPC (as os.write would) half-way through."""
-    from gpufleet.checkpoint import writer
+    from gpufleet.checkpoint.storage.local import writer
 
     eng, sink = engine(tmp_path)
     assert eng.save(1, {"w": torch.ones(1024)})

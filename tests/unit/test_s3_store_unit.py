@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.checkpoint.s3 import RANGE_MAX, RANGE_MIN, S3Store, parse_s3_url, plan_range_size
+from gpufleet.checkpoint.storage.s3 import S3Store
+from gpufleet.checkpoint.storage.s3.client import parse_s3_url
+from gpufleet.checkpoint.storage.s3.download import RANGE_MAX, RANGE_MIN, plan_range_size
 from gpufleet.core.errors import RetryableStorageError, TerminalStorageError, UsageError
 
 
@@ -65,21 +67,21 @@ def client_error(code: str, status: int):  # noqa: ANN201
     ],
 )
 def test_classify_client_errors(store: S3Store, code: str, status: int, kind: type) -> None:
-    assert type(store._classify(client_error(code, status), "put", "k")) is kind
+    assert type(store.classify(client_error(code, status), "put", "k")) is kind
 
 
 def test_classify_transport_and_local_errors(store: S3Store) -> None:
     from botocore.exceptions import EndpointConnectionError, NoCredentialsError, ReadTimeoutError
 
     assert isinstance(
-        store._classify(EndpointConnectionError(endpoint_url="x"), "get", "k"), RetryableStorageError
+        store.classify(EndpointConnectionError(endpoint_url="x"), "get", "k"), RetryableStorageError
     )
-    assert isinstance(store._classify(ReadTimeoutError(endpoint_url="x"), "get", "k"), RetryableStorageError)
-    assert isinstance(store._classify(NoCredentialsError(), "get", "k"), TerminalStorageError)
+    assert isinstance(store.classify(ReadTimeoutError(endpoint_url="x"), "get", "k"), RetryableStorageError)
+    assert isinstance(store.classify(NoCredentialsError(), "get", "k"), TerminalStorageError)
     assert isinstance(
-        store._classify(OSError(28, "No space left on device"), "get", "k"), TerminalStorageError
+        store.classify(OSError(28, "No space left on device"), "get", "k"), TerminalStorageError
     )
-    assert store._classify(ValueError("bug"), "get", "k") is None
+    assert store.classify(ValueError("bug"), "get", "k") is None
 
 
 def test_call_retries_with_bounded_backoff_then_gives_up(store: S3Store) -> None:
@@ -92,7 +94,7 @@ def test_call_retries_with_bounded_backoff_then_gives_up(store: S3Store) -> None
         raise client_error("SlowDown", 503)
 
     with pytest.raises(RetryableStorageError, match="gave up after 4 attempts"):
-        store._call("put", "k", always_throttled)
+        store.call("put", "k", always_throttled)
     assert len(calls) == 4 and len(sleeps) == 3
     for attempt, s in enumerate(sleeps):
         d = min(3.0, 0.5 * 2**attempt)
@@ -108,7 +110,7 @@ def test_call_terminal_is_not_retried(store: S3Store) -> None:
         raise client_error("AccessDenied", 403)
 
     with pytest.raises(TerminalStorageError, match="AccessDenied"):
-        store._call("put", "k", denied)
+        store.call("put", "k", denied)
     assert calls == [1]
 
 
@@ -122,7 +124,7 @@ def test_call_recovers(store: S3Store) -> None:
             raise o
         return o
 
-    assert store._call("get", "k", flaky) == "ok"
+    assert store.call("get", "k", flaky) == "ok"
 
 
 def test_repr_hides_credentials(store: S3Store) -> None:
@@ -130,12 +132,13 @@ def test_repr_hides_credentials(store: S3Store) -> None:
 
 
 def test_empty_objects_are_created_without_a_request(store: S3Store, tmp_path: Path) -> None:
-    from gpufleet.checkpoint.s3 import _Job
+    from gpufleet.checkpoint.storage.s3.client import _Job
+    from gpufleet.checkpoint.storage.s3.download import fetch
 
     # The endpoint is closed (port 1): any GET would fail. Zero-byte objects need none.
     stale = tmp_path / "b.bin"
     stale.write_bytes(b"left over from an older download")
-    store._fetch([_Job("run1/step_1/a.bin", tmp_path / "a.bin", 0), _Job("run1/step_1/b.bin", stale, 0)])
+    fetch(store, [_Job("run1/step_1/a.bin", tmp_path / "a.bin", 0), _Job("run1/step_1/b.bin", stale, 0)])
     assert (tmp_path / "a.bin").read_bytes() == b"" and stale.read_bytes() == b""
 
 
@@ -164,7 +167,7 @@ def test_range_size_must_be_positive() -> None:
 
 
 def test_part_buffers_are_reused_across_uploads_and_bounded() -> None:
-    from gpufleet.checkpoint.s3 import _PartBuffers
+    from gpufleet.checkpoint.storage.s3.upload import _PartBuffers
 
     pool = _PartBuffers(cap=2)
     a, b, c = pool.take(1024), pool.take(1024), pool.take(1024)

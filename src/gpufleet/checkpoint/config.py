@@ -26,7 +26,7 @@ class CheckpointConfig:
     keep_window_steps: int = 0
     io_threads: int = 4
     direct_io: bool = True  # O_DIRECT shard writes where the filesystem supports it
-    memory_bytes: int = 0  # in-memory tier budget (memtier.py); 0: off
+    memory_bytes: int = 0  # in-memory tier budget (storage/memory.py); 0: off
     memory_dir: str | None = None  # the tier's keeper directory (default: memtier.keeper_dir(dir))
     # Keep the newest commit's staged copy whole in this process (checkpoint/snapshot.py): a survivor
     # of an in-process restart rolls back from it. Costs the staging of the tensors DCP's

@@ -9,7 +9,6 @@ decision is agreed through a MAX all-reduce on a small control group, so every r
 from __future__ import annotations
 
 import copy
-import os
 import shutil
 import socket
 import sys
@@ -24,23 +23,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from gpufleet.checkpoint import remote, restore
+from gpufleet.checkpoint import restore
 from gpufleet.checkpoint.config import CheckpointConfig, CheckpointInfo, LoadResult
 from gpufleet.checkpoint.failures import failure_reason, flip_byte
-from gpufleet.checkpoint.manifest import (
-    FileEntry,
-    Manifest,
-    fsync_dir,
-    list_committed,
-    parse_step,
-    read_manifest,
-    step_dirname,
-    write_manifest,
-)
-from gpufleet.checkpoint.memtier import MemoryKeeper, keeper_dir
-from gpufleet.checkpoint.onepass import ScratchPool
-from gpufleet.checkpoint.peer import PeerTier
-from gpufleet.checkpoint.reader import FastReader, MemReader
+from gpufleet.checkpoint.manifest import FileEntry, list_committed, read_manifest, step_dirname
 from gpufleet.checkpoint.retention import select_deletions
 from gpufleet.checkpoint.snapshot import Snapshot
 from gpufleet.checkpoint.staging import (
@@ -51,8 +37,13 @@ from gpufleet.checkpoint.staging import (
     tensor_layout,
     within_half,
 )
-from gpufleet.checkpoint.verify import hash_file
-from gpufleet.checkpoint.writer import SummingWriter
+from gpufleet.checkpoint.storage import s3
+from gpufleet.checkpoint.storage.local import commit as local_commit
+from gpufleet.checkpoint.storage.local.onepass import ScratchPool
+from gpufleet.checkpoint.storage.local.reader import FastReader, MemReader
+from gpufleet.checkpoint.storage.local.writer import SummingWriter
+from gpufleet.checkpoint.storage.memory import MemoryKeeper, keeper_dir
+from gpufleet.checkpoint.storage.peer import PeerTier
 from gpufleet.core import events as E
 from gpufleet.core.errors import CheckpointError, ConfigError
 from gpufleet.core.ledger import EventSink
@@ -171,19 +162,19 @@ class CheckpointEngine:
         self._job: _Job | None = None
         self._error: str | None = None
         self._newest_verified: int | None = None
-        # The in-memory tier (memtier.py): rank 0 copies each commit into this node's keeper.
+        # The in-memory tier (storage/memory.py): rank 0 copies each commit into this node's keeper.
         self._memory: Path | None = None
         self._keeper: MemoryKeeper | None = None
         self._memory_warned = False
         self._snapshot_warned = False
-        # Ranks on several nodes: node parts replicated to a peer node's keeper instead (peer.py).
+        # Ranks on several nodes: node parts replicated to a peer node's keeper instead (storage/peer.py).
         self._peer: PeerTier | None = None
         if config.memory_bytes > 0 and not config.read_only:
             self._memory = Path(config.memory_dir) if config.memory_dir else keeper_dir(config.dir)
             if self._distributed:
                 self._peer = PeerTier.setup(self._memory, config.memory_bytes, rank, self.pg, sink)
             if self._peer is not None:
-                self._memory = None  # the keeper holds node parts: peer.py restores them
+                self._memory = None  # the keeper holds node parts: storage/peer.py restores them
             elif rank == 0:
                 self._keeper = MemoryKeeper(self._memory, config.memory_bytes)
         if rank == 0 and not config.read_only:
@@ -316,7 +307,14 @@ class CheckpointEngine:
             if job.stage.at_plan and not job.waiting:
                 self._report_staged(job)
             if self.rank == 0:
-                files = self._commit(job, writer, tmp, final)
+                files = local_commit.commit(
+                    tmp,
+                    final,
+                    step=job.step,
+                    world_size=self.world_size,
+                    meta=job.meta,
+                    file_sums=writer.file_sums,
+                )
                 self._published(job, final, files, time.perf_counter() - t0)
         except BaseException as e:  # noqa: BLE001 - a background thread must report every failure
             ok, reason = False, failure_reason(e)
@@ -403,25 +401,6 @@ class CheckpointEngine:
                 f"gpufleet: warning: step {step} not kept in memory: {r.reason}", file=sys.stderr, flush=True
             )
 
-    def _commit(self, job: _Job, writer: SummingWriter, tmp: Path, final: Path) -> dict[str, FileEntry]:
-        files = {name: FileEntry(size, digest) for name, (size, digest) in writer.file_sums.items()}
-        size, digest = hash_file(tmp / ".metadata")  # small; written by DCP itself
-        files[".metadata"] = FileEntry(size, digest)
-        fsync_dir(tmp)
-        old = None
-        if final.exists():  # re-saving a step (after a rollback): park the old one until we commit
-            old = final.with_name(final.name + f".old-{os.getpid()}")
-            os.rename(final, old)
-        os.rename(tmp, final)  # still invisible: no manifest yet
-        fsync_dir(self.root)
-        manifest = Manifest(
-            step=job.step, time=time.time(), world_size=self.world_size, files=files, meta=job.meta
-        )
-        write_manifest(final, manifest)  # the commit point
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-        return files
-
     def _retain(self) -> None:
         committed = list_committed(self.root)
         protect = {self._newest_verified} if self._newest_verified is not None else set()
@@ -433,38 +412,27 @@ class CheckpointEngine:
         )
         for path, m in committed:
             if m.step in doomed:
-                # Manifest first: a crash mid-delete leaves an invisible directory, never a half one.
-                (path / "manifest.json").unlink(missing_ok=True)
-                shutil.rmtree(path, ignore_errors=True)
+                local_commit.delete(path)
                 self._emit(E.CkptDeleted(step=m.step, path=str(path), reason="retention"))
         if committed:
-            self._sweep(committed[0][1].step)
+            local_commit.sweep(self.root, committed[0][1].step)
         if self.config.upload_url:
-            remote.retain(self.config, doomed, self._emit)
-
-    def _sweep(self, newest: int) -> None:
-        """Remove step dirs older than the newest commit that have no valid manifest: a kill between
-        rename and manifest, or an interrupted deletion. They are invisible to restore already."""
-        valid = {p.name for p, _ in list_committed(self.root)}
-        for p in self.root.iterdir():
-            step = parse_step(p.name)
-            if step is not None and step < newest and p.name not in valid and p.is_dir():
-                shutil.rmtree(p, ignore_errors=True)
+            s3.retain(self.config, doomed, self._emit)
 
     def _stream_upload(self, job: _Job) -> Any:
-        """Rank 0's shard files go to S3 while they are written (remote.stream_upload); None when
+        """Rank 0's shard files go to S3 while they are written (s3.stream_upload); None when
         there is no S3 tier, or a fault is injected (the upload then follows the local files)."""
         if self.rank != 0 or not self.config.upload_url or job.fault is not None:
             return None
         try:
-            return remote.stream_upload(self.config, step_dirname(job.step))
+            return s3.stream_upload(self.config, step_dirname(job.step))
         except Exception:  # noqa: BLE001 - no stream: the upload after the commit reports any S3 error
             return None
 
     def _upload(self, step: int, final: Path, stream: Any = None) -> None:
         t0 = time.perf_counter()
         try:
-            nbytes = remote.upload(self.config, final, stream)
+            nbytes = s3.upload_commit(self.config, final, stream)
         except BaseException as e:  # noqa: BLE001 - boto3/botocore raise many types; report, keep training
             reason = f"upload failed: {failure_reason(e)}"
             self._emit(E.CkptFailed(step=step, reason=reason, stage="upload"))
@@ -472,7 +440,7 @@ class CheckpointEngine:
         self._emit(
             E.CkptUploaded(
                 step=step,
-                url=remote.url_for(self.config, final.name),
+                url=s3.url_for(self.config, final.name),
                 upload_s=round(time.perf_counter() - t0, 6),
                 bytes=nbytes,
             )
@@ -515,7 +483,7 @@ class CheckpointEngine:
             for p, m in list_committed(self.root)
         ]
         if self.config.upload_url:
-            out += remote.list_infos(self.config)
+            out += s3.list_infos(self.config)
         return out
 
     def newest_metadata(self, max_step: int | None = None) -> Any | None:

@@ -30,11 +30,11 @@ import xxhash
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.tensor import DTensor
 
-from gpufleet.checkpoint import remote
 from gpufleet.checkpoint.config import CheckpointConfig
 from gpufleet.checkpoint.failures import failure_reason
 from gpufleet.checkpoint.manifest import Manifest, list_committed, step_dirname
-from gpufleet.checkpoint.onepass import Loaded, ScratchPool, read_verified
+from gpufleet.checkpoint.storage import s3
+from gpufleet.checkpoint.storage.local.onepass import Loaded, ScratchPool, read_verified
 from gpufleet.checkpoint.verify import verify_dir, xxh3_hex
 from gpufleet.core import events as E
 from gpufleet.core.errors import CheckpointError, StorageError
@@ -68,7 +68,7 @@ class RestoreContext:
     emit: Callable[..., None]
     buffer_for: Callable[[str, torch.Tensor], torch.Tensor]
     pool: ScratchPool
-    memory: Path | None = None  # this node's in-memory tier (memtier.py), tried before local disk
+    memory: Path | None = None  # this node's in-memory tier (storage/memory.py), tried before local disk
 
 
 def receive_buffers(ctx: RestoreContext, state_dict: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -116,7 +116,7 @@ def has_candidates(ctx: RestoreContext, max_step: int | None) -> bool:
         return True
     if ctx.memory is not None and any(fits(m.step) for _, m in list_committed(ctx.memory)):
         return True  # choose() only uses a memory copy that matches a disk commit; a cheap superset
-    return bool(ctx.config.upload_url) and any(fits(s) for s in remote.list_steps(ctx.config))
+    return bool(ctx.config.upload_url) and any(fits(s) for s in s3.list_steps(ctx.config))
 
 
 def choose(
@@ -146,7 +146,7 @@ def choose(
         for p, m in (list_committed(ctx.memory) if ctx.memory is not None else [])
         if m.step in on_disk and on_disk[m.step][1].files == m.files
     }
-    remote_steps = remote.list_steps(cfg) if cfg.upload_url else {}
+    remote_steps = s3.list_steps(cfg) if cfg.upload_url else {}
     for step in sorted(set(local) | set(remote_steps) | set(memory), reverse=True):
         if max_step is not None and step > max_step:
             continue
@@ -156,7 +156,7 @@ def choose(
         if step in local:
             candidates.append(("local", lambda p=local[step]: p))
         if step in remote_steps:
-            candidates.append(("s3", lambda s=step: remote.download(cfg, remote_steps[s], ctx.root)))
+            candidates.append(("s3", lambda s=step: s3.download_commit(cfg, remote_steps[s], ctx.root)))
         for source, get in candidates:
             t0 = time.perf_counter()
             try:
@@ -164,7 +164,7 @@ def choose(
             except (StorageError, OSError) as e:  # this copy is unusable: try the next candidate
                 ctx.emit(
                     E.RestoreRejected(
-                        path=remote.url_for(cfg, step_dirname(step)),
+                        path=s3.url_for(cfg, step_dirname(step)),
                         step=step,
                         reason=f"download failed: {failure_reason(e)}",
                     )

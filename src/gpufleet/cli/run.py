@@ -252,7 +252,7 @@ def run_command(
     from gpufleet.train.supervisor import Supervisor
 
     if request.config.worker.memory_tier:  # the keeper outlives every worker, not the run
-        from gpufleet.checkpoint.memtier import release
+        from gpufleet.checkpoint.storage.memory import release
 
         cfg = request.config
         atexit.register(release, cfg.worker.checkpoint_dir or f"{cfg.run_dir}/checkpoints")

@@ -1,7 +1,7 @@
 """Rolling back in place without reading the checkpoint: state a rank already holds.
 
 An in-process restart's round is survivors, which keep their objects, and hot spares, which built
-theirs before the failure (train/run.py). Both can hold the newest commit before the round starts:
+theirs before the failure (train/recovery.py). Both can hold the newest commit before the round starts:
 
 - a survivor, its engine's :class:`~gpufleet.checkpoint.snapshot.Snapshot`: the staged copy it wrote
   that commit from, checked against a digest per buffer, copied back into its objects;

@@ -54,9 +54,6 @@ from gpufleet.train.peerloss import survivable
 
 __all__ = ["serve", "survivable"]
 
-# How long an abandoned round's checkpoint engine may take to notice its dead peer and stop.
-_ABANDON_WAIT_S = 5.0
-
 
 def _run_script(argv: list[str], module: bool) -> None:
     sys.argv = list(argv)
@@ -69,8 +66,9 @@ def _run_script(argv: list[str], module: bool) -> None:
 def _abort() -> None:
     """Leave the failed round: abandon its Run, destroy every process group, free its objects."""
     from gpufleet.train import run as run_mod
+    from gpufleet.train.recovery import ABANDON_WAIT_S
 
-    run_mod.abandon_current(wait_s=_ABANDON_WAIT_S)
+    run_mod.abandon_current(wait_s=ABANDON_WAIT_S)
     try:
         import torch.distributed as dist
 
@@ -115,7 +113,7 @@ def serve(order: dict[str, Any], orders: IO[str], apply: Any) -> None:
             _run_script(argv, module)
             return  # the script ended normally: the process exits 0 (or the script's own code)
         except BaseException as exc:
-            from gpufleet.train.run import RebuildRound
+            from gpufleet.train.recovery import RebuildRound
 
             if isinstance(exc, RebuildRound):  # its round's other ranks build: so must this one
                 del exc

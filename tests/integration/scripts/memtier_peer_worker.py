@@ -16,7 +16,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from gpufleet.checkpoint import CheckpointConfig, CheckpointEngine, peer
+from gpufleet.checkpoint import CheckpointConfig, CheckpointEngine
+from gpufleet.checkpoint.storage import peer
 from gpufleet.core.ledger import Ledger, NullSink
 
 

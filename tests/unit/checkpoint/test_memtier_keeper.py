@@ -13,7 +13,7 @@ import torch
 
 from gpufleet.checkpoint import CheckpointConfig, CheckpointEngine
 from gpufleet.checkpoint.manifest import FileEntry, Manifest, list_committed, step_dirname, write_manifest
-from gpufleet.checkpoint.memtier import MemoryKeeper, keeper_dir, release
+from gpufleet.checkpoint.storage.memory import MemoryKeeper, keeper_dir, release
 from gpufleet.checkpoint.verify import hash_file
 from gpufleet.core import events as E
 from gpufleet.core.errors import ConfigError

@@ -4,7 +4,7 @@ restore plan (who sends which part to whom, or why memory cannot serve a step)."
 from __future__ import annotations
 
 from gpufleet.checkpoint.manifest import FileEntry, Manifest
-from gpufleet.checkpoint.peer import Topology, node_part, plan_restore, split_parts
+from gpufleet.checkpoint.storage.peer import Topology, node_part, plan_restore, split_parts
 
 NODE_OF = (0, 0, 1, 1)  # 2 nodes x 2 ranks
 

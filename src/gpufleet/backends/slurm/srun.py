@@ -191,7 +191,7 @@ class SrunBackend(Backend):
         if spec is None or spec.env.get(Env.MEMORY_TIER, "0") in ("", "0"):
             return
         ckpt = spec.env.get(Env.CKPT_DIR) or str(Path(spec.env[Env.RUN_DIR]) / "checkpoints")
-        code = "import sys; from gpufleet.checkpoint.memtier import release; release(sys.argv[1])"
+        code = "import sys; from gpufleet.checkpoint.storage.memory import release; release(sys.argv[1])"
         env = {**os.environ, **spec.env}
         procs = [
             subprocess.Popen(

@@ -13,7 +13,7 @@ import pytest
 
 from gpufleet.backends import LaunchSpec
 from gpufleet.backends.slurm.srun import SrunBackend
-from gpufleet.checkpoint.memtier import keeper_dir
+from gpufleet.checkpoint.storage.memory import keeper_dir
 from gpufleet.core.env import Env
 
 SRUN = """#!{python}

@@ -36,8 +36,8 @@ import torch
 import xxhash
 
 from gpufleet.checkpoint.manifest import Manifest, read_manifest
+from gpufleet.checkpoint.storage.local.writer import ALIGN, address
 from gpufleet.checkpoint.verify import xxh3_hex
-from gpufleet.checkpoint.writer import ALIGN, address
 
 __all__ = ["Loaded", "ScratchPool", "read_verified"]
 

@@ -1,6 +1,6 @@
 """Peer replication of the in-memory tier across nodes (``--memory-tier`` when ranks span nodes).
 
-A node's keeper (memtier.py) holds only what lives on that node; a lost node takes its tmpfs with it.
+A node's keeper (storage/memory.py) holds only what lives on that node; a lost node takes its tmpfs with it.
 So when the ranks span nodes, each committed checkpoint is split into **node parts** and every node
 keeps its own part and a **replica of one peer's part**: node ``n`` sends its part to node
 ``(n + 1) mod N``. A part is the DCP files its ranks wrote (``__<rank>_<i>.distcp``), plus DCP's
@@ -78,7 +78,7 @@ from gpufleet.checkpoint.manifest import (
     step_dirname,
     write_manifest,
 )
-from gpufleet.checkpoint.memtier import MemoryKeeper, manifest_bytes
+from gpufleet.checkpoint.storage.memory import MemoryKeeper, manifest_bytes
 from gpufleet.checkpoint.verify import hash_file, xxh3_hex
 from gpufleet.core import events as E
 
@@ -231,7 +231,7 @@ class PeerTier:
     @classmethod
     def setup(cls, root: Path, budget_bytes: int, rank: int, pg: Any, sink: Any = None) -> PeerTier | None:
         """Collective over ``pg`` and the default group (every rank, in the engine's constructor):
-        None when every rank runs on one node (memtier.py alone serves it)."""
+        None when every rank runs on one node (storage/memory.py alone serves it)."""
         reports: list[Any] = [None] * dist.get_world_size(pg)
         dist.all_gather_object(reports, (_node_from_env(rank), socket.gethostname()), group=pg)
         topo = Topology.from_reports(rank, [tuple(r) for r in reports])
