@@ -7,7 +7,7 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from gpufleet.core.env import Env, read_env
+from gpufleet.core.env import Env, Var, declared, read_env
 from gpufleet.core.errors import ConfigError, UsageError
 from gpufleet.core.exitcodes import ExitCode
 from gpufleet.core.settings import SETTING_ENV, RollbackPlan, RunSettings
@@ -59,7 +59,7 @@ def test_to_env_names_every_setting_by_its_variable():
     out = RunSettings.to_env({"keep_last": 3, "overlap_staging": False, "mtbf_s": None, "upload_url": "s3://b/p"})
     assert out == {"GPUFLEET_KEEP_LAST": "3", "GPUFLEET_OVERLAP": "0", "GPUFLEET_UPLOAD": "s3://b/p"}
     assert RunSettings.load(out).overlap_staging is False  # what the supervisor writes, the worker reads
-    assert set(SETTING_ENV.values()) <= set(Env)
+    assert set(SETTING_ENV.values()) <= set(declared())
 
 
 # -- every bad value: ConfigError, one line, naming where the value came from ----------------------
@@ -175,7 +175,7 @@ def test_read_env_casts_defaults_and_names_the_variable():
         read_env(Env.LEMON_FAILURES, int, 3, {"GPUFLEET_LEMON_FAILURES": "lots"})
     with pytest.raises(ConfigError, match="finite"):
         read_env(Env.BREAKER_WINDOW_S, float, 300.0, {"GPUFLEET_BREAKER_WINDOW_S": "inf"})
-    assert all(v.value.startswith("GPUFLEET_") for v in Env)
+    assert all(v.startswith("GPUFLEET_") for v in vars(Env).values() if isinstance(v, Var))
 
 
 # -- one duration grammar ---------------------------------------------------------------------------------

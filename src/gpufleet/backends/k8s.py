@@ -38,15 +38,14 @@ from gpufleet.backends.base import CONTINUE, Attempt, Backend, Blame, LaunchSpec
 from gpufleet.backends.process import PipeChannel
 from gpufleet.backends.ray import _read_line
 from gpufleet.core import events as E
-from gpufleet.core.env import Env, read_env
+from gpufleet.core.env import Env, Platform
 from gpufleet.core.errors import ConfigError
+from gpufleet.core.launch import node_name
 from gpufleet.core.ledger import EventSink
 
 __all__ = ["K8sJobsBackend", "K8sAttempt", "agent_main", "prestop", "submit", "LOST_CODE"]
 
 LOST_CODE = -9
-CHANNEL_ENV = "GPUFLEET_K8S_CHANNEL"  # "HOST:PORT TOKEN": where the agent reports (set in the pod spec)
-JOB_ENV = "GPUFLEET_K8S_JOB"  # the K8sJob as JSON (set in the supervisor's pod spec)
 _LOST_REASONS = {"NodeLost", "Evicted", "Preempting", "DeletionByTaintManager", "TerminationByKubelet"}
 
 
@@ -83,30 +82,31 @@ def _control(sock: socket.socket) -> None:
 
 def agent_main() -> int:
     """The worker pod's entry: connect, say hello, relay events on the connection, obey requests."""
-    raw, channel = os.environ.get(Env.AGENT_SPEC), os.environ.get(CHANNEL_ENV)
+    raw, channel = Env.AGENT_SPEC.get(), Env.K8S_CHANNEL.get()
     if not raw or not channel or " " not in channel:
-        print(f"gpufleet k8s agent: ${Env.AGENT_SPEC} and ${CHANNEL_ENV} must be set", file=sys.stderr)
+        print(f"gpufleet k8s agent: ${Env.AGENT_SPEC} and ${Env.K8S_CHANNEL} must be set", file=sys.stderr)
         return 2
     address, token = channel.split(" ", 1)
     spec = LaunchSpec(**json.loads(raw))
-    spec.node_rank = int(os.environ.get("JOB_COMPLETION_INDEX", spec.node_rank))
+    index = Platform.JOB_COMPLETION_INDEX.get()
+    spec.node_rank = spec.node_rank if index is None else index
     if spec.log_dir is None:  # worker output must never reach stdout: that is the event channel
         spec.log_dir = os.path.join(spec.env[Env.RUN_DIR], "logs")
-    node = os.environ.get(Env.NODE) or socket.gethostname()
-    sock = _connect(address, read_env(Env.AGENT_GRACE, float, 5.0) * 60)
+    node, grace_s = node_name(), Env.AGENT_GRACE.get()
+    sock = _connect(address, grace_s * 60)
     sock.settimeout(None)  # blocking from here: the channel is quiet for as long as training needs
     sock.sendall(f"{token} {spec.node_rank} {node}\n".encode())
     os.dup2(sock.fileno(), 1)
     threading.Thread(target=_control, args=(sock,), daemon=True).start()
-    return Agent(spec, node, read_env(Env.AGENT_GRACE, float, 5.0)).run()
+    return Agent(spec, node, grace_s).run()
 
 
 def prestop(wait_s: float, pid: int = 1) -> int:
     """The pod's preStop hook: ask the agent (PID 1) for a final checkpoint, wait until it has exited
     its ranks (its exit report exists) or ``wait_s`` passed; Kubernetes sends SIGTERM after."""
-    raw = os.environ.get(Env.AGENT_SPEC, "{}")
+    raw = Env.AGENT_SPEC.get()
     spec = json.loads(raw) if raw else {}
-    node = os.environ.get(Env.NODE) or socket.gethostname()
+    node = node_name()
     try:
         os.kill(pid, signal.SIGUSR1)
     except (ProcessLookupError, PermissionError):
@@ -236,9 +236,9 @@ class K8sJobsBackend(Backend):
         from gpufleet.k8s.manifests import K8sJob
 
         del standby, min_nodes  # the cluster's scheduler finds a replacement node; no shrinking
-        raw = job_json or os.environ.get(JOB_ENV)
+        raw = job_json or Env.K8S_JOB.get()
         if not raw:
-            raise ConfigError(f"the k8s-jobs backend runs in the supervisor pod (${JOB_ENV} unset)")
+            raise ConfigError(f"the k8s-jobs backend runs in the supervisor pod (${Env.K8S_JOB} unset)")
         self.job = K8sJob.from_json(raw)
         self.want = nodes or self.job.nodes
         self.connect_timeout = connect_timeout

@@ -47,7 +47,7 @@ from gpufleet.backends.agent import exit_report
 from gpufleet.backends.base import CONTINUE, Attempt, Backend, Blame, LaunchSpec, Verdict, Worker
 from gpufleet.backends.process import PipeChannel
 from gpufleet.core import events as E
-from gpufleet.core.env import Env, read_env
+from gpufleet.core.env import Env, Platform
 from gpufleet.core.errors import ConfigError
 from gpufleet.core.ledger import EventSink
 
@@ -89,7 +89,7 @@ def connect(address: str | None = None) -> bool:
         return False
     import logging
 
-    target = address or os.environ.get("RAY_ADDRESS") or "auto"
+    target = address or Platform.RAY_ADDRESS.get() or "auto"
     _reachable(target)
     try:
         ray.init(
@@ -177,7 +177,7 @@ class NodeAgent:
             **os.environ,
             **spec["env"],
             Env.AGENT_SPEC: spec_json,
-            Env.AGENT_GRACE: str(grace_s),
+            Env.AGENT_GRACE: Env.AGENT_GRACE.format(grace_s),
             Env.NODE: self.node,
         }
         sock = socket.create_connection(channel, timeout=30)
@@ -335,7 +335,7 @@ class RayBackend(Backend):
         node_failures: int = 2,
         placement_timeout: float = 60.0,
         launch_timeout: float = 120.0,
-        agent_grace_s: float = 5.0,
+        agent_grace_s: float = Env.AGENT_GRACE.default,
         probe_timeout: float = 5.0,
     ) -> None:
         del standby  # no standby interpreters across Ray nodes (each attempt starts fresh agents)
@@ -613,8 +613,7 @@ def _die_with_parent() -> None:
 def main() -> int:
     from gpufleet.backends.agent import Agent
 
-    raw = os.environ.get(Env.AGENT_SPEC)
-    node = os.environ.get(Env.NODE)
+    raw, node = Env.AGENT_SPEC.get(), Env.NODE.get()
     if not raw or not node:
         print(
             "gpufleet ray agent: $GPUFLEET_AGENT_SPEC/$GPUFLEET_NODE unset (the ray backend sets them)",
@@ -625,7 +624,7 @@ def main() -> int:
     spec = LaunchSpec(**json.loads(raw))
     if spec.log_dir is None:  # worker output must never reach stdout: that is the event channel
         spec.log_dir = os.path.join(spec.env[Env.RUN_DIR], "logs")
-    return Agent(spec, node, read_env(Env.AGENT_GRACE, float, 5.0)).run()
+    return Agent(spec, node, Env.AGENT_GRACE.get()).run()
 
 
 if __name__ == "__main__":

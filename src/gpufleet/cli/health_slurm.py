@@ -25,7 +25,7 @@ from typing import Annotated
 
 import typer
 
-from gpufleet.core.env import Env
+from gpufleet.core.env import Env, Platform
 
 __all__ = ["register", "render", "install"]
 
@@ -131,7 +131,7 @@ def slurm_config_command(
     ] = False,
     slurm_conf: Annotated[
         str, typer.Option(help="slurm.conf to edit; the scripts go next to it.")
-    ] = os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf"),
+    ] = Platform.SLURM_CONF.get(),
     interval: Annotated[int, typer.Option(help="HealthCheckInterval, seconds.")] = 300,
     check_command: Annotated[
         str | None, typer.Option(help="Quick check command (default: gpufleet health check --plan quick).")
@@ -139,7 +139,7 @@ def slurm_config_command(
     gpufleet: Annotated[str | None, typer.Option(help="How the scripts invoke gpufleet.")] = None,
     fleet_dir: Annotated[
         str | None, typer.Option(help="Fleet state directory for the scripts (GPUFLEET_FLEET_DIR).")
-    ] = os.environ.get(Env.FLEET_DIR),
+    ] = Env.FLEET_DIR.get() or None,
     with_prolog: Annotated[bool, typer.Option(help="With --install: also set Prolog and Epilog.")] = False,
 ) -> int:
     """Print (or --install) the Slurm HealthCheckProgram, Prolog and Epilog that run gpufleet's tiers."""

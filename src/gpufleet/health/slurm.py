@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.core import events as E
-from gpufleet.core.env import Env, read_env
+from gpufleet.core.env import Env, Platform, read_env
 from gpufleet.core.exitcodes import ExitCode
 from gpufleet.core.ledger import EventSink, Ledger, read_events
 
@@ -277,7 +277,7 @@ def _main(argv: list[str]) -> int:
         )
         return ExitCode.USAGE
     sep = argv.index("--")
-    node = argv[1] if sep > 1 else os.environ.get("SLURMD_NODENAME", "")
+    node = argv[1] if sep > 1 else Platform.SLURMD_NODENAME.get()
     if not node:
         print("gpufleet: healthcheck: no node name (SLURMD_NODENAME unset)", file=sys.stderr)
         return ExitCode.USAGE

@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gpufleet.core.env import Env, read_env
+from gpufleet.core.env import Env
 from gpufleet.serve.bench.arrivals import parse_arrival
 from gpufleet.serve.bench.client import ClientConfig, endpoint_url
 from gpufleet.serve.bench.findmax import Level, search_max_rate
@@ -70,8 +70,7 @@ def max_sustainable_rate(
 
 
 def cache_path() -> Path:
-    default = os.path.join(os.path.expanduser("~"), ".cache", "gpufleet")
-    root = read_env(Env.CACHE_DIR, str, default)
+    root = Env.CACHE_DIR.get() or os.path.join(os.path.expanduser("~"), ".cache", "gpufleet")
     return Path(root) / "serve-calibration.json"
 
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpufleet.core.env import Env, read_env
+from gpufleet.core.env import Env
 from gpufleet.serve.bench.arrivals import Arrival, schedule
 from gpufleet.serve.bench.client import ClientConfig, RequestRecord, build_body, send
 from gpufleet.serve.common.workload import TraceWorkload, Workload
@@ -203,7 +203,7 @@ async def _worker_async(
 
 def _run_loop(coro: Any) -> Any:
     """uvloop when installed and GPUFLEET_SERVE_LOOP is not 'asyncio'; the standard loop otherwise."""
-    if read_env(Env.SERVE_LOOP, str, "uvloop") != "asyncio":
+    if Env.SERVE_LOOP.get() != "asyncio":
         try:
             import uvloop
 
