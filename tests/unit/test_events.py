@@ -187,3 +187,12 @@ def test_a_kind_is_declared_once() -> None:
             pass
 
     assert E.EVENT_TYPES["step"] is E.Step
+
+
+def test_a_kind_set_in_the_class_body_is_refused() -> None:
+    with pytest.raises(TypeError, match="Old: declare an event's kind with @event"):
+
+        class Old(E.Event):
+            kind: typing.ClassVar[str] = "old"
+
+    assert "old" not in E.EVENT_TYPES

@@ -174,6 +174,11 @@ class Event:
     attempt: int | None = None
     """The attempt the event belongs to (the supervisor stamps it on relayed worker events)."""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super(Event, cls).__init_subclass__(**kwargs)  # the slotted class: no zero-argument super()
+        if "kind" in vars(cls) or "in_ledger" in vars(cls):
+            raise TypeError(f"{cls.__name__}: declare an event's kind with @event(...), not in its body")
+
     def __post_init__(self) -> None:
         for f in _schema(type(self)):
             value = _coerce(getattr(self, f.name), f.tp, True, f"{self.kind or type(self).__name__}.{f.json}")
@@ -197,14 +202,15 @@ def event(kind: str, *, in_ledger: bool = True) -> Callable[[type[_E]], type[_E]
     only travels from a worker to its supervisor.
 
     A decorator rather than a class keyword: ``slots=True`` makes a new class, and the registry must
-    hold that one."""
+    hold that one. A subclass that sets ``kind`` in its body instead is refused at import, so no kind
+    escapes the registry."""
 
     def declare(cls: type[_E]) -> type[_E]:
         if kind in EVENT_TYPES:
             first = EVENT_TYPES[kind].__name__
             raise TypeError(f"event kind {kind!r} declared twice: {first}, {cls.__name__}")
-        cls.kind, cls.in_ledger = kind, in_ledger
         made = dataclass(frozen=True, kw_only=True, slots=True)(cls)
+        made.kind, made.in_ledger = kind, in_ledger
         EVENT_TYPES[kind] = made
         return made
 
