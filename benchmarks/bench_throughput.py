@@ -149,7 +149,7 @@ def main() -> None:
     noise = bytes(os.urandom(1 << 20)) * (CHUNK >> 20)  # 64 MiB, incompressible
     verify_s: list[float] = []
     for i in range(args.repeats):
-        ours_dir = Path(sink.last[E.CKPT_COMMITTED]["path"])
+        ours_dir = Path(sink.last[E.CkptCommitted.kind]["path"])
         sizes = sorted((p.stat().st_size for p in ours_dir.glob("*.distcp")), reverse=True)
         raws = [base / f"raw_{j}.bin" for j in range(len(sizes))]
         mms = [mmap.mmap(-1, CHUNK) for _ in sizes]
@@ -165,14 +165,14 @@ def main() -> None:
 
         eng.save(i, sd)
         eng.wait()
-        w["ours"].append(sink.last[E.CKPT_COMMITTED]["persist_s"])
-        ours_dir = Path(sink.last[E.CKPT_COMMITTED]["path"])
+        w["ours"].append(sink.last[E.CkptCommitted.kind]["persist_s"])
+        ours_dir = Path(sink.last[E.CkptCommitted.kind]["path"])
         blank = touched_like(sd)
         drop_caches([ours_dir])
         t0 = time.perf_counter()
         res = eng.load(blank)
         r["ours"].append(time.perf_counter() - t0)
-        verify_s.append(sink.last[E.CKPT_VERIFIED]["verify_s"])
+        verify_s.append(sink.last[E.CkptVerified.kind]["verify_s"])
         assert res is not None and torch.equal(
             blank["model"]["layers.0.weight"], sd["model"]["layers.0.weight"]
         )
@@ -192,7 +192,7 @@ def main() -> None:
         beng.save(i, sd)
         beng.wait()
         beng.close()
-        w["ours_buffered"].append(bsink.last[E.CKPT_COMMITTED]["persist_s"])
+        w["ours_buffered"].append(bsink.last[E.CkptCommitted.kind]["persist_s"])
         del beng
         r["ours_buffered_restart"].append(timed_load(base / "ours_buf", sd, drop=False))
         shutil.rmtree(base / "ours_buf")

@@ -32,7 +32,9 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from gpufleet.core.env import Env
 from gpufleet.core.errors import UsageError
+from gpufleet.core.launch import LaunchEnv
 
 if TYPE_CHECKING:
     from gpufleet.train.run import Run, SpikeDetected  # noqa: F401 (SpikeDetected: resolved lazily)
@@ -59,13 +61,14 @@ def init(**kwargs: Any) -> Run:
     except ImportError:
         raise UsageError("gpufleet.ray needs Ray Train: pip install 'gpufleet[ray]'") from None
     ctx = ray.train.get_context()
-    os.environ.update(
-        RANK=str(ctx.get_world_rank()),
-        WORLD_SIZE=str(ctx.get_world_size()),
-        LOCAL_RANK=str(ctx.get_local_rank()),
-        LOCAL_WORLD_SIZE=str(ctx.get_local_world_size()),
+    place = LaunchEnv(
+        rank=ctx.get_world_rank(),
+        world_size=ctx.get_world_size(),
+        local_rank=ctx.get_local_rank(),
+        local_world_size=ctx.get_local_world_size(),
     )
-    if "run_dir" not in kwargs and not os.environ.get("GPUFLEET_RUN_DIR"):
+    os.environ.update(place.to_environ())
+    if "run_dir" not in kwargs and not Env.RUN_DIR.get():
         raise UsageError("gpufleet.ray.init(run_dir=...): a directory every Ray node shares")
     import signal
     import threading

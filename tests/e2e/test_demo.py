@@ -35,11 +35,11 @@ def test_demo_recovers_from_every_fault_with_identical_weights(tmp_path: Path) -
     assert result.comparison["a"]["step"] == result.comparison["b"]["step"] == 200
 
     events = read_events(tmp_path / "faulted")
-    causes = [e.get("cause") for e in events if e["ev"] == E.FAILURE]
+    causes = [e.get("cause") for e in events if e["ev"] == E.Failure.kind]
     assert len(causes) >= 3, causes
     assert {"crash", "hang"} <= set(causes)
     assert {"spike", "nan"} & set(causes)
-    restarts = [e for e in events if e["ev"] == E.RESTART]
+    restarts = [e for e in events if e["ev"] == E.Restart.kind]
     assert len(restarts) >= 3
     # The crash and the hang take the in-process path; the NaN rolls every rank back (full restart).
     paths = {e["reason"]: e["path"] for e in restarts}
@@ -48,13 +48,13 @@ def test_demo_recovers_from_every_fault_with_identical_weights(tmp_path: Path) -
     # forward, where the failure meets it first) and the lost rank's hot spare joined it.
     rejoins = [e for e in events if e["ev"] == E.Rejoin.kind]
     assert len(rejoins) == 2 and all(e["in_place"] for e in rejoins), rejoins
-    ready = [e for e in events if e["ev"] == E.WORKER_READY and e["attempt"] in (1, 2)]
+    ready = [e for e in events if e["ev"] == E.WorkerReady.kind and e["attempt"] in (1, 2)]
     assert sum(e["hot_spare"] for e in ready) == 2, ready
-    assert any(e["ev"] == E.RESTORE_REJECTED for e in events)  # the corrupted checkpoint
-    assert [e["status"] for e in events if e["ev"] == E.RUN_END] == ["completed"]
+    assert any(e["ev"] == E.RestoreRejected.kind for e in events)  # the corrupted checkpoint
+    assert [e["status"] for e in events if e["ev"] == E.RunEnd.kind] == ["completed"]
 
     ref_events = read_events(tmp_path / "reference")
-    assert not [e for e in ref_events if e["ev"] == E.FAILURE]
+    assert not [e for e in ref_events if e["ev"] == E.Failure.kind]
     assert (tmp_path / "demo_result.json").is_file()
 
 
@@ -75,5 +75,5 @@ def test_train_lm_early_stop_books_the_last_step(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "train_lm_summary.json").read_text())
     assert summary["stopped_early"] is True
     assert latest_checkpoint(tmp_path)[0] == 20
-    steps = [e["step"] for e in read_events(tmp_path) if e["ev"] == E.STEP]
+    steps = [e["step"] for e in read_events(tmp_path) if e["ev"] == E.Step.kind]
     assert steps == list(range(20))

@@ -73,9 +73,28 @@ def restore_cluster() -> None:
 def submit_run(run_dir: Path, *flags: str, job_name: str, steps: int, sleep: float = 0.0) -> str:
     """``gpufleet run --backend slurm`` of the toy training script; returns the job id."""
     cmd = [
-        sys.executable, "-m", "gpufleet.cli.main", "run", "--backend", "slurm", "--job-name", job_name,
-        "--run-dir", str(run_dir), "--checkpoint-every", "5", "--hang-timeout", "5", *flags,
-        "--", sys.executable, SCRIPT, "--steps", str(steps), "--sleep", str(sleep),
+        sys.executable,
+        "-m",
+        "gpufleet.cli.main",
+        "run",
+        "--backend",
+        "slurm",
+        "--job-name",
+        job_name,
+        "--run-dir",
+        str(run_dir),
+        "--checkpoint-every",
+        "5",
+        "--hang-timeout",
+        "5",
+        *flags,
+        "--",
+        sys.executable,
+        SCRIPT,
+        "--steps",
+        str(steps),
+        "--sleep",
+        str(sleep),
     ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
@@ -133,4 +152,3 @@ def clean_reference_run(run_dir: Path) -> dict:
     record = final(run_dir)
     assert record["steps"] == list(range(REFERENCE_STEPS))
     return {"dir": run_dir, "job": jobid, "final": record}
-

@@ -131,7 +131,9 @@ def slurm_allocation() -> Iterator[tuple[str, list[str]]]:
     """Two nodes held for this module's srun tests (the batch script holds them in a real run)."""
     p = subprocess.run(
         ["salloc", "--no-shell", "-N", "2", "-J", "gpufleet-conformance", "--immediate=60"],
-        capture_output=True, text=True, timeout=90,
+        capture_output=True,
+        text=True,
+        timeout=90,
     )
     m = re.search(r"Granted job allocation (\d+)", p.stderr)
     assert m, f"salloc failed: {p.stderr}"
@@ -290,4 +292,3 @@ def test_every_registered_backend_runs_this_suite_and_errors_list_the_choices() 
     for bad in ("moon", "slurm"):  # slurm submits a batch job; it is not a supervisor backend
         with pytest.raises(UsageError, match="valid backends: local, srun"):
             get_backend(bad)
-

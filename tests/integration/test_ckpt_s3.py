@@ -39,8 +39,8 @@ def test_upload_then_restore_from_s3(tmp_path: Path, s3_url: str) -> None:
     for step in (1, 2, 3):
         assert eng.save(step, state(step), meta={"pos": step})
         eng.wait()
-    assert [u["step"] for u in sink.of(E.CKPT_UPLOADED)] == [1, 2, 3]
-    assert all(u["bytes"] > 0 and u["url"].startswith(s3_url) for u in sink.of(E.CKPT_UPLOADED))
+    assert [u["step"] for u in sink.of(E.CkptUploaded.kind)] == [1, 2, 3]
+    assert all(u["bytes"] > 0 and u["url"].startswith(s3_url) for u in sink.of(E.CkptUploaded.kind))
     infos = eng.list()
     assert [(i.step, i.location) for i in infos] == [(3, "local"), (2, "local"), (3, "s3"), (2, "s3")]
 
@@ -51,7 +51,7 @@ def test_upload_then_restore_from_s3(tmp_path: Path, s3_url: str) -> None:
     r = eng.load(sd)
     assert r is not None and r.step == 3 and r.source == "s3" and r.meta == {"pos": 3}
     assert torch.equal(sd["model"]["w"], torch.full((128, 128), 3.0)) and sd["step"] == 3
-    assert sink.of(E.RESTORE_REJECTED)[0]["step"] == 3
+    assert sink.of(E.RestoreRejected.kind)[0]["step"] == 3
 
     # A new machine: nothing local at all.
     shutil.rmtree(root)
@@ -78,8 +78,8 @@ def test_shards_stream_to_s3_while_written_through_a_flaky_s3(tmp_path: Path, s3
         assert eng.save(5, sd)
         eng.wait()
         log, stats = proxy.request_log(), proxy.stats()
-    assert stats["injected"] > 0 and not sink.of(E.CKPT_FAILED)
-    assert [u["step"] for u in sink.of(E.CKPT_UPLOADED)] == [5]
+    assert stats["injected"] > 0 and not sink.of(E.CkptFailed.kind)
+    assert [u["step"] for u in sink.of(E.CkptUploaded.kind)] == [5]
     ok = [e for e in log if e["status"] == 200]
     shard_puts = [e for e in ok if e["method"] == "PUT" and ".distcp" in e["path"]]
     assert len(shard_puts) == 2 and all("partNumber=" in e["path"] for e in shard_puts)

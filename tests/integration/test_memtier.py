@@ -22,10 +22,6 @@ GPUFLEET = [sys.executable, "-m", "gpufleet.cli.main"]
 BUDGET = 150_000  # toy_train's checkpoints weigh ~106 KB: one fits, each new one evicts the older
 
 
-
-
-
-
 def evs(run_dir: Path, name: str) -> list[dict]:
     return [e for e in read_events(run_dir) if e["ev"] == name]
 

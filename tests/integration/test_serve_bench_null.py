@@ -32,15 +32,33 @@ def null() -> Iterator[NullEndpoint]:
 
 
 def bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*GPUFLEET, "serve", "bench", "--no-progress", *args], capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [*GPUFLEET, "serve", "bench", "--no-progress", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_rate_run_writes_results(null, tmp_path):
     out = tmp_path / "r"
-    p = bench("--url", null.url, "--rate", "40", "--arrival", "constant", "--requests", "80",
-              "--workload", "in=fixed:16;out=fixed:2", "--slo", "ttft=2s,e2e=5s", "--warmup", "5",
-              "--out", str(out), "--max-lag-ms", "1000")
+    p = bench(
+        "--url",
+        null.url,
+        "--rate",
+        "40",
+        "--arrival",
+        "constant",
+        "--requests",
+        "80",
+        "--workload",
+        "in=fixed:16;out=fixed:2",
+        "--slo",
+        "ttft=2s,e2e=5s",
+        "--warmup",
+        "5",
+        "--out",
+        str(out),
+        "--max-lag-ms",
+        "1000",
+    )
     assert p.returncode == 0, p.stderr
     s = json.loads((out / "summary.json").read_text())
     assert s["schema"] == "gpufleet.serve.summary" and s["version"] == 1
@@ -56,8 +74,22 @@ def test_rate_run_writes_results(null, tmp_path):
 
 def test_concurrency_and_processes(null, tmp_path):
     out = tmp_path / "c"
-    p = bench("--url", null.url, "--concurrency", "4", "--requests", "60", "--processes", "2",
-              "--workload", "short", "--out", str(out), "--no-plot", "--json")
+    p = bench(
+        "--url",
+        null.url,
+        "--concurrency",
+        "4",
+        "--requests",
+        "60",
+        "--processes",
+        "2",
+        "--workload",
+        "short",
+        "--out",
+        str(out),
+        "--no-plot",
+        "--json",
+    )
     assert p.returncode == 0, p.stderr
     s = json.loads(p.stdout)
     assert s["load"]["mode"] == "concurrency" and s["load"]["processes"] == 2
@@ -66,8 +98,13 @@ def test_concurrency_and_processes(null, tmp_path):
 
 def test_trace_replay(null, tmp_path):
     trace = tmp_path / "t.jsonl"
-    trace.write_text("".join(json.dumps({"timestamp": 50 * i, "input_length": 600, "output_length": 2,
-                                         "hash_ids": [1, i]}) + "\n" for i in range(20)))
+    trace.write_text(
+        "".join(
+            json.dumps({"timestamp": 50 * i, "input_length": 600, "output_length": 2, "hash_ids": [1, i]})
+            + "\n"
+            for i in range(20)
+        )
+    )
     out = tmp_path / "t"
     p = bench("--url", null.url, "--workload", str(trace), "--out", str(out), "--no-plot")
     assert p.returncode == 0, p.stderr
@@ -84,9 +121,27 @@ def test_find_max_rate_writes_capacity(null, tmp_path):
     # (then bisection and re-check) that search_max_rate makes of those outcomes, and capacity.json
     # and the level folders agree with them. On an idle host every level passes: 10, 20, 40, 40.
     out = tmp_path / "f"
-    p = bench("--url", null.url, "--find-max-rate", "--attainment", "0.9", "--rate", "10",
-              "--max-rate", "40", "--requests", "15", "--slo", "ttft=1s", "--workload", "short",
-              "--out", str(out), "--max-lag-ms", "1000")
+    p = bench(
+        "--url",
+        null.url,
+        "--find-max-rate",
+        "--attainment",
+        "0.9",
+        "--rate",
+        "10",
+        "--max-rate",
+        "40",
+        "--requests",
+        "15",
+        "--slo",
+        "ttft=1s",
+        "--workload",
+        "short",
+        "--out",
+        str(out),
+        "--max-lag-ms",
+        "1000",
+    )
     assert p.returncode == 0, p.stderr
     cap = json.loads((out / "capacity.json").read_text())
     assert cap["schema"] == "gpufleet.serve.capacity" and cap["version"] == 1
@@ -114,8 +169,13 @@ def test_find_max_rate_writes_capacity(null, tmp_path):
     def measure(rate):
         s = next(asked)
         assert s["load"]["rate"] == rate
-        return Level(rate, s["slo"]["attainment"], client_valid=s["valid"],
-                     stable=not (s["queue_growing"] or s["falling_behind"]), summary=s)
+        return Level(
+            rate,
+            s["slo"]["attainment"],
+            client_valid=s["valid"],
+            stable=not (s["queue_growing"] or s["falling_behind"]),
+            summary=s,
+        )
 
     res = search_max_rate(measure, 0.9, 10, max_rate=40)
     assert next(asked, None) is None  # no level ran that the search did not ask for
@@ -147,8 +207,17 @@ def _free_port() -> int:
 
 def test_unreachable_url_counts_failures(tmp_path):
     out = tmp_path / "u"
-    p = bench("--url", f"http://127.0.0.1:{_free_port()}", "--rate", "20", "--requests", "10",
-              "--out", str(out), "--no-plot")
+    p = bench(
+        "--url",
+        f"http://127.0.0.1:{_free_port()}",
+        "--rate",
+        "20",
+        "--requests",
+        "10",
+        "--out",
+        str(out),
+        "--no-plot",
+    )
     assert p.returncode == 1
     assert "Traceback" not in p.stderr
     assert "all 10 requests failed (connect: 10)" in p.stderr
@@ -156,14 +225,17 @@ def test_unreachable_url_counts_failures(tmp_path):
     assert s["errors"] == {"connect": 10} and s["slo"]["attainment"] == 0.0
 
 
-@pytest.mark.parametrize("args,msg", [
-    (["--rate", "-3"], "--rate must be > 0"),
-    (["--rate", "5", "--slo", "ttft=fast"], "--slo"),
-    (["--rate", "5", "--workload", "in=zipf:3"], "unknown distribution"),
-    (["--rate", "5", "--concurrency", "3"], "not both"),
-    (["--rate", "5", "--arrival", "bursty"], "--arrival"),
-    (["--rate", "5", "--tokenizer", "gpt2"], "not a local path"),
-])
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (["--rate", "-3"], "--rate must be > 0"),
+        (["--rate", "5", "--slo", "ttft=fast"], "--slo"),
+        (["--rate", "5", "--workload", "in=zipf:3"], "unknown distribution"),
+        (["--rate", "5", "--concurrency", "3"], "not both"),
+        (["--rate", "5", "--arrival", "bursty"], "--arrival"),
+        (["--rate", "5", "--tokenizer", "gpt2"], "not a local path"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2(tmp_path, args, msg):
     p = bench("--url", "http://127.0.0.1:9", "--out", str(tmp_path / "x"), *args)
     assert p.returncode == 2, p.stderr
@@ -189,14 +261,34 @@ def test_ctrl_c_writes_partial_results(null, tmp_path):
     n = 20
     out = tmp_path / "i"
     env = {**os.environ, "TTY_COMPATIBLE": "1", "FORCE_COLOR": "1", "TERM": "xterm"}
-    proc = subprocess.Popen([*GPUFLEET, "serve", "bench", "--progress", "--url", null.url, "--rate", "20",
-                             "--duration", "60", "--workload", "short", "--out", str(out), "--no-plot"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            *GPUFLEET,
+            "serve",
+            "bench",
+            "--progress",
+            "--url",
+            null.url,
+            "--rate",
+            "20",
+            "--duration",
+            "60",
+            "--workload",
+            "short",
+            "--out",
+            str(out),
+            "--no-plot",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+    )
     assert proc.stderr is not None
     chunks: list[bytes] = []
-    pump = threading.Thread(target=lambda: chunks.extend(iter(lambda: proc.stderr.read1(65536), b"")),
-                            daemon=True)
+    pump = threading.Thread(
+        target=lambda: chunks.extend(iter(lambda: proc.stderr.read1(65536), b"")), daemon=True
+    )
     pump.start()
 
     def ok_so_far() -> int:  # done minus failed in the latest frame of the live view

@@ -13,16 +13,31 @@ pytest.importorskip("ortools", reason="the pack extra (ortools) is not installed
 
 GPUFLEET = [sys.executable, "-m", "gpufleet.cli.main"]
 
-CHAT = {"schema": "gpufleet.serve.plan", "version": 1, "workload": "chat", "feasible": True,
-        "config": {"mode": "aggregated", "tp": 2, "replicas": 4, "max_batch": 64, "gpus": 10}, "gpus": 10,
-        "groups": [{"id": "r0", "role": "replica", "tp": 4, "gpus": 4, "pd_group": None}]
-        + [{"id": f"r{i}", "role": "replica", "tp": 2, "gpus": 2, "pd_group": None} for i in (1, 2, 3)]}
-RAG = {"schema": "gpufleet.serve.plan", "version": 1, "workload": "rag", "feasible": True,
-       "config": {"mode": "disaggregated", "gpus": 6}, "gpus": 6, "pd_groups": 2,
-       "groups": [{"id": "p0", "role": "prefill", "tp": 1, "gpus": 1, "pd_group": "pd0"},
-                  {"id": "d0", "role": "decode", "tp": 2, "gpus": 2, "pd_group": "pd0"},
-                  {"id": "p1", "role": "prefill", "tp": 1, "gpus": 1, "pd_group": "pd1"},
-                  {"id": "d1", "role": "decode", "tp": 2, "gpus": 2, "pd_group": "pd1"}]}
+CHAT = {
+    "schema": "gpufleet.serve.plan",
+    "version": 1,
+    "workload": "chat",
+    "feasible": True,
+    "config": {"mode": "aggregated", "tp": 2, "replicas": 4, "max_batch": 64, "gpus": 10},
+    "gpus": 10,
+    "groups": [{"id": "r0", "role": "replica", "tp": 4, "gpus": 4, "pd_group": None}]
+    + [{"id": f"r{i}", "role": "replica", "tp": 2, "gpus": 2, "pd_group": None} for i in (1, 2, 3)],
+}
+RAG = {
+    "schema": "gpufleet.serve.plan",
+    "version": 1,
+    "workload": "rag",
+    "feasible": True,
+    "config": {"mode": "disaggregated", "gpus": 6},
+    "gpus": 6,
+    "pd_groups": 2,
+    "groups": [
+        {"id": "p0", "role": "prefill", "tp": 1, "gpus": 1, "pd_group": "pd0"},
+        {"id": "d0", "role": "decode", "tp": 2, "gpus": 2, "pd_group": "pd0"},
+        {"id": "p1", "role": "prefill", "tp": 1, "gpus": 1, "pd_group": "pd1"},
+        {"id": "d1", "role": "decode", "tp": 2, "gpus": 2, "pd_group": "pd1"},
+    ],
+}
 
 
 def pack(*args: str) -> subprocess.CompletedProcess[str]:
@@ -56,8 +71,18 @@ def test_table_json_and_png(plans, tmp_path):
 
 
 def test_json_stdout_racks_anti_affinity(plans, tmp_path):
-    p = pack("--plans", plans[0], plans[1], "--racks", "nvl36:4", "--anti-affinity", "--json",
-             "--no-plot", "--out", str(tmp_path / "o"))
+    p = pack(
+        "--plans",
+        plans[0],
+        plans[1],
+        "--racks",
+        "nvl36:4",
+        "--anti-affinity",
+        "--json",
+        "--no-plot",
+        "--out",
+        str(tmp_path / "o"),
+    )
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     assert doc["params"]["anti_affinity"] is True and not (tmp_path / "o" / "racks.png").exists()
@@ -67,8 +92,20 @@ def test_json_stdout_racks_anti_affinity(plans, tmp_path):
 
 
 def test_ffd_fallback_states_the_gap(plans, tmp_path):
-    p = pack("--plans", *plans, "--nodes", "8x4", "--time-limit", "0.000001", "--workers", "1", "--json",
-             "--no-plot", "--out", str(tmp_path / "o"))
+    p = pack(
+        "--plans",
+        *plans,
+        "--nodes",
+        "8x4",
+        "--time-limit",
+        "0.000001",
+        "--workers",
+        "1",
+        "--json",
+        "--no-plot",
+        "--out",
+        str(tmp_path / "o"),
+    )
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     assert (doc["status"], doc["method"], doc["objective"]["cost"], doc["bound"]) == ("FEASIBLE", "ffd", 3, 2)
@@ -78,8 +115,10 @@ def test_ffd_fallback_states_the_gap(plans, tmp_path):
 def test_exit_codes(plans, tmp_path):
     p = pack("--plans", *plans, "--nodes", "8x1", "--out", str(tmp_path / "a"))
     assert p.returncode == 1
-    assert p.stderr.strip() == ("gpufleet: error: not enough capacity: the plans need 16 GPUs, the fleet "
-                                "has 8 (1× hgx8 (8 GPUs)); short by 8 GPUs")
+    assert p.stderr.strip() == (
+        "gpufleet: error: not enough capacity: the plans need 16 GPUs, the fleet "
+        "has 8 (1× hgx8 (8 GPUs)); short by 8 GPUs"
+    )
     p = pack("--plans", *plans, "--racks", "gb300:2")
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
     assert "unknown rack type 'gb300'; valid: nvl72 (72 GPUs), nvl36 (36 GPUs), hgx8 (8 GPUs)" in p.stderr

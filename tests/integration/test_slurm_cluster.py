@@ -155,5 +155,6 @@ def test_healthcheck_program_drains_and_resumes_its_own(monkeypatch):
         done = [e for e in read_events(fleet) if e["ev"] == "node_action" and e["result"] == "done"]
         acts = [e for e in done if e["t"] >= t0]
         assert [(e["node"], e["action"]) for e in acts if e["node"] == "n3"][:2] == [
-            ("n3", "isolate"), ("n3", "release"),
+            ("n3", "isolate"),
+            ("n3", "release"),
         ]

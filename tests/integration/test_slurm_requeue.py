@@ -53,8 +53,6 @@ def submit(run_dir: Path, *flags: str, sleep: float = 0.0) -> str:
     return submit_run(run_dir, *flags, job_name=NAME, steps=STEPS, sleep=sleep)
 
 
-
-
 def sessions(run_dir: Path) -> list[list[dict]]:
     """The ledger split by supervisor session (one per run of the batch script), in order."""
     out: dict[str, list[dict]] = {}
@@ -103,9 +101,7 @@ def test_below_min_nodes_requeues_without_the_lost_node(tmp_path, reference):
     d = tmp_path / "run"
     jobid = submit(d, "--nodes", "2", "--min-nodes", "2", sleep=0.3)
     report = d / "agents" / "attempt-0" / "n2.json"
-    wait_for(
-        lambda: report.exists() and of(read_events(d), "ckpt_committed"), 90, "a committed checkpoint"
-    )
+    wait_for(lambda: report.exists() and of(read_events(d), "ckpt_committed"), 90, "a committed checkpoint")
     a = json.loads(report.read_text())
     pid = slurmd_pid("n2")
     assert pid is not None

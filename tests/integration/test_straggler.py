@@ -22,8 +22,23 @@ TOY = str(Path(__file__).parent / "scripts" / "toy_train.py")
 
 def test_a_slow_rank_under_ddp_is_flagged_in_the_ledger_and_the_report(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    cmd = [*GPUFLEET, "run", "-n", "2", "--run-dir", str(run_dir), "--no-progress", "--no-standby",
-           "--inject", "slow:rank=1,delay=0.04", "--", sys.executable, TOY, "--steps", "100"]
+    cmd = [
+        *GPUFLEET,
+        "run",
+        "-n",
+        "2",
+        "--run-dir",
+        str(run_dir),
+        "--no-progress",
+        "--no-standby",
+        "--inject",
+        "slow:rank=1,delay=0.04",
+        "--",
+        sys.executable,
+        TOY,
+        "--steps",
+        "100",
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     found = [e for e in read_events(run_dir) if e["ev"] == "straggler"]
@@ -33,8 +48,9 @@ def test_a_slow_rank_under_ddp_is_flagged_in_the_ledger_and_the_report(tmp_path:
     assert "rank 1 is a straggler: fwd" in p.stderr
     assert not [e for e in read_events(run_dir) if e["ev"] == "restart"]
 
-    rep = subprocess.run([*GPUFLEET, "report", str(run_dir), "--json"], capture_output=True, text=True,
-                         timeout=120)
+    rep = subprocess.run(
+        [*GPUFLEET, "report", str(run_dir), "--json"], capture_output=True, text=True, timeout=120
+    )
     assert rep.returncode == 0, rep.stderr
     got = json.loads(rep.stdout)["stragglers"]
     assert [(g["rank"], g["section"]) for g in got] == [(1, "fwd")]

@@ -20,8 +20,6 @@ SCRIPT = str(Path(__file__).parent / "scripts" / "toy_train.py")
 GPUFLEET = [sys.executable, "-m", "gpufleet.cli.main"]
 
 
-
-
 def evs(run_dir: Path, name: str) -> list[dict]:
     return [e for e in read_events(run_dir) if e["ev"] == name]
 

@@ -29,8 +29,23 @@ def run_probe(
     run_dir: Path, *flags: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """gpufleet run -n 2 on the probe; rank 1 fails attempt 0, so there are two attempts."""
-    cmd = [*GPUFLEET, "run", "-n", "2", "--run-dir", str(run_dir), "--no-progress", "--hang-timeout", "30",
-           *flags, "--", sys.executable, PROBE, "--fail-rank", "1"]
+    cmd = [
+        *GPUFLEET,
+        "run",
+        "-n",
+        "2",
+        "--run-dir",
+        str(run_dir),
+        "--no-progress",
+        "--hang-timeout",
+        "30",
+        *flags,
+        "--",
+        sys.executable,
+        PROBE,
+        "--fail-rank",
+        "1",
+    ]
     base = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**base, **(env or {})})
     assert p.returncode == 0, p.stderr[-3000:]
@@ -144,8 +159,13 @@ def test_standby_imports_at_idle_priority_and_is_promoted_at_normal_priority_unp
             assert time.monotonic() < deadline, "the standby never warmed up"
             time.sleep(0.05)
         cpu = min(usable_cpus())
-        order = {"env": {}, "argv": [str(script), str(shared_dir / "out.json")], "module": False,
-                 "threads": 1, "cpus": [cpu]}
+        order = {
+            "env": {},
+            "argv": [str(script), str(shared_dir / "out.json")],
+            "module": False,
+            "threads": 1,
+            "cpus": [cpu],
+        }
         assert proc.stdin is not None
         proc.stdin.write((json.dumps(order) + "\n").encode())
         proc.stdin.close()
@@ -169,8 +189,25 @@ TOY = str(Path(__file__).parent / "scripts" / "toy_train.py")
 
 
 def toy_run(run_dir: Path, *flags: str, steps: int) -> subprocess.CompletedProcess[str]:
-    cmd = [*GPUFLEET, "run", "-n", "2", "--run-dir", str(run_dir), "--no-progress", "--hang-timeout", "30",
-           "--checkpoint-every", "5", *flags, "--", sys.executable, TOY, "--steps", str(steps)]
+    cmd = [
+        *GPUFLEET,
+        "run",
+        "-n",
+        "2",
+        "--run-dir",
+        str(run_dir),
+        "--no-progress",
+        "--hang-timeout",
+        "30",
+        "--checkpoint-every",
+        "5",
+        *flags,
+        "--",
+        sys.executable,
+        TOY,
+        "--steps",
+        str(steps),
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     return p
@@ -182,8 +219,16 @@ def test_min_nproc_drops_a_slot_that_keeps_failing_and_resumes_at_the_smaller_wo
     # Rank 1 is killed twice in a row (after a restart from the step-5 checkpoint, again at step 22):
     # with --min-nproc 1 its slot is dropped and the run finishes on one worker, restored from a
     # checkpoint two ranks wrote (a DDP model: every rank holds the whole state).
-    p = toy_run(tmp_path, "--min-nproc", "1", "--inject", "kill:rank=1,step=10,settle=1",
-                "--inject", "kill:rank=1,step=22,settle=1", steps=40)
+    p = toy_run(
+        tmp_path,
+        "--min-nproc",
+        "1",
+        "--inject",
+        "kill:rank=1,step=10,settle=1",
+        "--inject",
+        "kill:rank=1,step=22,settle=1",
+        steps=40,
+    )
     from gpufleet.core import events as E
     from gpufleet.core.ledger import read_typed
 
@@ -204,8 +249,9 @@ def test_min_nproc_drops_a_slot_that_keeps_failing_and_resumes_at_the_smaller_wo
 
 
 def test_without_min_nproc_a_failing_slot_is_never_dropped(tmp_path: Path) -> None:
-    toy_run(tmp_path, "--no-standby", "--inject", "kill:rank=1,step=4", "--inject", "kill:rank=1,step=8",
-            steps=12)
+    toy_run(
+        tmp_path, "--no-standby", "--inject", "kill:rank=1,step=4", "--inject", "kill:rank=1,step=8", steps=12
+    )
     from gpufleet.core import events as E
     from gpufleet.core.ledger import read_typed
 

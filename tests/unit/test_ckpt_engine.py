@@ -136,9 +136,9 @@ def test_save_load_round_trip_and_plain_dcp(tmp_path: Path) -> None:
     src = make_state(3)
     assert eng.save(3, src, meta={"epoch": 1, "pos": 30})
     eng.wait()
-    (committed,) = sink.of(E.CKPT_COMMITTED)
+    (committed,) = sink.of(E.CkptCommitted.kind)
     assert committed["step"] == 3 and committed["files"] >= 2 and committed["bytes"] > 0
-    (staged,) = sink.of(E.CKPT_STAGED)
+    (staged,) = sink.of(E.CkptStaged.kind)
     assert staged["bytes"] > 0 and staged["stall_s"] >= 0
     st = blank_state()
     r = eng.load(st)
@@ -149,7 +149,7 @@ def test_save_load_round_trip_and_plain_dcp(tmp_path: Path) -> None:
     assert st["optim"]["param_groups"] == src["optim"]["param_groups"]
     assert st["step"] == 3 and st["data"] == {"epoch": 1, "pos": 30}
     assert torch.equal(st["rng"], src["rng"])
-    assert sink.of(E.CKPT_VERIFIED)[0]["step"] == 3
+    assert sink.of(E.CkptVerified.kind)[0]["step"] == 3
     # plain torch, no gpufleet in the loop
     plain = {"model": {"w": torch.zeros(64, 64), "b": torch.zeros(64)}, "step": 0}
     dcp.load(plain, checkpoint_id=r.path)
@@ -204,7 +204,7 @@ def test_damaged_shard_rejected_with_fallback(tmp_path: Path, damage: str) -> No
     r = eng.load(st)
     assert r is not None and r.step == 1 and st["step"] == 1
     assert torch.equal(st["model"]["w"], make_state(1)["model"]["w"])
-    (rej,) = sink.of(E.RESTORE_REJECTED)
+    (rej,) = sink.of(E.RestoreRejected.kind)
     assert rej["step"] == 2 and rej["path"].endswith("step_00000002")
     word = {"truncate": "size", "bitflip": "checksum", "missing": "missing", "extra_bytes": "size"}[damage]
     assert word in rej["reason"]
@@ -215,7 +215,7 @@ def test_all_corrupt_means_fresh_start(tmp_path: Path) -> None:
     save_steps(eng, [1])
     shard(tmp_path / "ck" / "step_00000001").unlink()
     assert eng.load(blank_state()) is None
-    assert len(sink.of(E.RESTORE_REJECTED)) == 1
+    assert len(sink.of(E.RestoreRejected.kind)) == 1
 
 
 def test_fault_corrupt_is_detected(tmp_path: Path) -> None:
@@ -225,7 +225,7 @@ def test_fault_corrupt_is_detected(tmp_path: Path) -> None:
     eng.wait()
     r = eng.load(blank_state())
     assert r is not None and r.step == 1
-    assert "checksum" in sink.of(E.RESTORE_REJECTED)[0]["reason"]
+    assert "checksum" in sink.of(E.RestoreRejected.kind)[0]["reason"]
 
 
 def test_fault_fail_reports_and_training_continues(tmp_path: Path) -> None:
@@ -235,7 +235,7 @@ def test_fault_fail_reports_and_training_continues(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError) as ei:
         eng.wait()
     assert "step 2" in str(ei.value) and "\n" not in str(ei.value)
-    assert "injected" in sink.of(E.CKPT_FAILED)[0]["reason"]
+    assert "injected" in sink.of(E.CkptFailed.kind)[0]["reason"]
     assert not list((tmp_path / "ck").glob("*.tmp")) and not (tmp_path / "ck" / "step_00000002").exists()
     save_steps(eng, [3])
     assert [c.step for c in eng.list()] == [3, 1]
@@ -271,7 +271,7 @@ def test_retention_keep_last_and_window(tmp_path: Path) -> None:
     # newest 2 = 50, 40; the look-back is the newest with step <= 50-25=25 that survived: 10 (the
     # oldest is kept while nothing is old enough, so at step 40 it was 10 that stayed, not 20)
     assert [c.step for c in eng.list()] == [50, 40, 10]
-    assert sorted(d["step"] for d in sink.of(E.CKPT_DELETED)) == [20, 30]
+    assert sorted(d["step"] for d in sink.of(E.CkptDeleted.kind)) == [20, 30]
 
 
 def test_retention_pure_rules() -> None:
@@ -323,7 +323,7 @@ def test_deferred_copy_overlaps_and_completes(tmp_path: Path) -> None:
     assert torch.equal(st["model"]["w"], torch.ones(4096, 4096)) and torch.equal(
         st["extra"]["v"], torch.zeros(8)
     )
-    (ev,) = sink.of(E.CKPT_STAGED)
+    (ev,) = sink.of(E.CkptStaged.kind)
     assert ev["bytes"] == big.nbytes + small.nbytes
 
 
@@ -376,7 +376,7 @@ def test_skip_policy_and_force(tmp_path: Path) -> None:
     try:
         assert eng.save(1, make_state(1))
         assert eng.save(2, make_state(2)) is False  # in flight: skipped
-        assert sink.of(E.CKPT_SKIPPED)[0]["step"] == 2
+        assert sink.of(E.CkptSkipped.kind)[0]["step"] == 2
         threading.Timer(0.2, gate.set).start()
         assert eng.save(3, make_state(3), force=True)  # waits, then saves
     finally:
@@ -394,7 +394,7 @@ def _enospc_checks(eng: CheckpointEngine, sink: Sink, root: Path) -> None:
         eng.wait()
     msg = str(ei.value)
     assert "disk full" in msg and "\n" not in msg
-    assert "ENOSPC" in sink.of(E.CKPT_FAILED)[0]["reason"]
+    assert "ENOSPC" in sink.of(E.CkptFailed.kind)[0]["reason"]
     assert not list(root.glob("*.tmp"))
     assert [c.step for c in eng.list()] == [1]
     st = {"w": torch.zeros(1024)}

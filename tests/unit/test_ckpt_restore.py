@@ -89,7 +89,7 @@ def test_one_pass_round_trip_reads_into_staging_buffers(tmp_path: Path, fresh: b
     out = blank()
     res = eng.load(out)
     assert res is not None and res.step == 2 and same(out, state(2))
-    (v,) = sink.of(E.CKPT_VERIFIED)
+    (v,) = sink.of(E.CkptVerified.kind)
     assert v["one_pass"] and v["in_buffers_bytes"] >= (2 * 512 * 1000 + 3 * 100_003) * 4 - 3 * 4096
     # The next save reuses the buffers the restore filled: nothing new is allocated.
     before = {k: t.data_ptr() for k, t in eng._stager.buffers.items()}
@@ -107,7 +107,7 @@ def test_corrupt_newest_falls_back_and_never_mixes(tmp_path: Path, where: float)
     out = blank()
     res = eng.load(out)
     assert res is not None and res.step == 1 and same(out, state(1))
-    (rej,) = sink.of(E.RESTORE_REJECTED)
+    (rej,) = sink.of(E.RestoreRejected.kind)
     assert rej["step"] == 2 and "checksum mismatch" in rej["reason"]
 
 
@@ -140,4 +140,4 @@ def test_page_cached_checkpoint_is_read_buffered_and_scratch_is_reused(tmp_path:
     chunks = eng._pool.allocated
     assert eng.load(blank()) is not None
     assert eng._pool.allocated == chunks  # the second restore allocates no new scratch
-    assert sink.of(E.CKPT_VERIFIED)[0]["cached_files"] >= 1
+    assert sink.of(E.CkptVerified.kind)[0]["cached_files"] >= 1

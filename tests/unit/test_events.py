@@ -161,3 +161,38 @@ def test_walk_takes_typed_events_or_raw_records_alike() -> None:
     assert raw == typed
     assert [type(e) for e in raw.rollbacks] == [E.Rollback] and len(raw.skips) == 1
     assert raw.events(E.Spike)[0].step == 6
+
+
+def test_the_registry_and_all_follow_from_the_declarations() -> None:
+    declared = [c for c in vars(E).values() if isinstance(c, type) and issubclass(c, E.Event)]
+    kinds = [c for c in declared if c not in (E.Event, E.UnknownEvent)]
+    assert {c.kind: c for c in kinds} == E.EVENT_TYPES and len(kinds) == len(E.EVENT_TYPES)
+    assert all(c.__slots__ for c in kinds)  # the registry holds the dataclass, not the class it replaced
+    assert set(E.__all__) <= set(vars(E)) and len(E.__all__) == len(set(E.__all__))
+    used_enums = {
+        a
+        for c in kinds
+        for tp in typing.get_type_hints(c).values()
+        for a in (typing.get_args(tp) or (tp,))
+        if isinstance(a, type) and issubclass(a, enum.Enum)
+    }
+    assert {c.__name__ for c in declared} | {e.__name__ for e in used_enums} <= set(E.__all__)
+
+
+def test_a_kind_is_declared_once() -> None:
+    with pytest.raises(TypeError, match="'step' declared twice: Step, Again"):
+
+        @E.event("step")
+        class Again(E.Event):
+            pass
+
+    assert E.EVENT_TYPES["step"] is E.Step
+
+
+def test_a_kind_set_in_the_class_body_is_refused() -> None:
+    with pytest.raises(TypeError, match="Old: declare an event's kind with @event"):
+
+        class Old(E.Event):
+            kind: typing.ClassVar[str] = "old"
+
+    assert "old" not in E.EVENT_TYPES

@@ -25,8 +25,21 @@ from gpufleet.backends.base import (
 from gpufleet.core.errors import UsageError
 
 __all__ = [
-    "Attempt", "Backend", "Blame", "CONTINUE", "EventChannel", "LaunchSpec", "Submitter", "Verdict", "Worker",
-    "backend_class", "get_backend", "submitter_class", "BACKENDS", "SUBMITTERS", "RUN_BACKENDS",
+    "Attempt",
+    "Backend",
+    "Blame",
+    "CONTINUE",
+    "EventChannel",
+    "LaunchSpec",
+    "Submitter",
+    "Verdict",
+    "Worker",
+    "backend_class",
+    "get_backend",
+    "submitter_class",
+    "BACKENDS",
+    "SUBMITTERS",
+    "RUN_BACKENDS",
 ]
 
 _REGISTRY = {  # name -> "module:class", imported only when asked for

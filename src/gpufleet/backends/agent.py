@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -30,7 +29,8 @@ from typing import Any
 from gpufleet.backends.base import LaunchSpec
 from gpufleet.backends.local import LocalBackend
 from gpufleet.backends.process import ProcessAttempt
-from gpufleet.core.env import Env, read_env
+from gpufleet.core.env import Env, Platform
+from gpufleet.core.launch import node_name
 
 __all__ = ["main", "report_dir", "exit_report"]
 
@@ -85,8 +85,8 @@ class Agent:
                 "ppid": os.getppid(),
                 "pids": [w.pid for w in att.workers],
                 "ranks": [w.rank for w in att.workers],
-                "job": os.environ.get("SLURM_JOB_ID"),
-                "step": os.environ.get("SLURM_STEP_ID"),
+                "job": Platform.SLURM_JOB_ID.get(),
+                "step": Platform.SLURM_STEP_ID.get(),
                 "t": time.time(),
             },
         )
@@ -146,16 +146,14 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def main() -> int:
-    raw = os.environ.get(Env.AGENT_SPEC)
+    raw = Env.AGENT_SPEC.get()
     if not raw:
         print("gpufleet agent: $GPUFLEET_AGENT_SPEC is not set (the srun backend sets it)", file=sys.stderr)
         return 2
     spec = LaunchSpec(**json.loads(raw))
     if spec.log_dir is None:  # worker output must never reach stdout: that is the event channel
         spec.log_dir = os.path.join(spec.env[Env.RUN_DIR], "logs")
-    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    grace = read_env(Env.AGENT_GRACE, float, 5.0)
-    return Agent(spec, node, grace).run()
+    return Agent(spec, node_name(), Env.AGENT_GRACE.get()).run()
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from gpufleet.core import events as E
-from gpufleet.core.env import Env
+from gpufleet.core.env import Env, Platform
+from gpufleet.core.launch import LaunchEnv
 from gpufleet.core.ledger import EventSink
 
 __all__ = [
@@ -68,17 +69,23 @@ class LaunchSpec:
     def world_size(self) -> int:
         return self.nnodes * self.nproc_per_node
 
+    def place(self, local_rank: int) -> LaunchEnv:
+        """Where this node's ``local_rank`` sits in the job."""
+        return LaunchEnv(
+            rank=self.node_rank * self.nproc_per_node + local_rank,
+            world_size=self.world_size,
+            local_rank=local_rank,
+            local_world_size=self.nproc_per_node,
+        )
+
     def rank_env(self, local_rank: int) -> dict[str, str]:
-        rank = self.node_rank * self.nproc_per_node + local_rank
+        """The variables that place one rank of this node in the job and its rendezvous."""
         return {
-            "RANK": str(rank),
-            "LOCAL_RANK": str(local_rank),
-            "WORLD_SIZE": str(self.world_size),
-            "LOCAL_WORLD_SIZE": str(self.nproc_per_node),
-            "GROUP_RANK": str(self.node_rank),
-            "MASTER_ADDR": self.master_addr,
-            "MASTER_PORT": str(self.master_port),
-            Env.ATTEMPT: str(self.attempt),
+            **self.place(local_rank).to_environ(),
+            Platform.GROUP_RANK: Platform.GROUP_RANK.format(self.node_rank),
+            Platform.MASTER_ADDR: self.master_addr,
+            Platform.MASTER_PORT: Platform.MASTER_PORT.format(self.master_port),
+            Env.ATTEMPT: Env.ATTEMPT.format(self.attempt),
         }
 
 

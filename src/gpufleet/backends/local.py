@@ -31,7 +31,7 @@ from gpufleet.backends.base import CONTINUE, Attempt, Backend, Blame, LaunchSpec
 from gpufleet.backends.process import ProcessAttempt, send_signal
 from gpufleet.backends.resources import RankResources, host_plan, parse_cpu_affinity, thread_env, thread_note
 from gpufleet.core import events as E
-from gpufleet.core.env import Env
+from gpufleet.core.env import Env, Platform
 from gpufleet.core.errors import ConfigError
 from gpufleet.core.ledger import EventSink
 
@@ -118,7 +118,7 @@ class LocalBackend(Backend):
             spec.nproc_per_node = len(slots)
             have = {(sb.rank, sb.world) for sb in self._standbys if sb.proc.poll() is None}
             for local_rank in range(len(slots)):
-                if (int(spec.rank_env(local_rank)["RANK"]), spec.world_size) not in have:
+                if (spec.place(local_rank).rank, spec.world_size) not in have:
                     self._standbys.append(self._spawn_spare(spec, local_rank, eager=eager))
             return
         while len(self._standbys) < len(slots):
@@ -131,7 +131,7 @@ class LocalBackend(Backend):
         res = self._plan(spec, spec.nproc_per_node)[local_rank]
         sb = self._spawn_standby(spec, res, eager=eager)
         env, threads = self._rank_env(spec, local_rank)
-        rank = int(env["RANK"])
+        rank = spec.place(local_rank).rank
         if self._spare_dir is None:
             self._spare_dir = tempfile.mkdtemp(prefix="gpufleet-spares-")
         sb.ready_path = os.path.join(self._spare_dir, f"{sb.proc.pid}.ready")
@@ -172,7 +172,7 @@ class LocalBackend(Backend):
         # The share is fixed before `import torch`: OpenMP reads it once, as the library loads.
         env.update(thread_env(res.threads, env), **{Env.CONTROL_FD: str(w)})
         if eager:  # warm at normal priority: see Backend.prepare
-            env[Env.STANDBY_EAGER] = "1"
+            env[Env.STANDBY_EAGER] = Env.STANDBY_EAGER.format(True)
         proc = subprocess.Popen(
             [self.python, "-m", "gpufleet.train.standby"],
             stdin=subprocess.PIPE,
@@ -186,7 +186,7 @@ class LocalBackend(Backend):
         slots = self.active_slots(spec)
         spec.nproc_per_node = len(slots)  # fewer after a slot was dropped: the world size shrinks
         # Hot spares join as they are only when every rank of the round is one; else they build again.
-        ranks = [int(spec.rank_env(i)["RANK"]) for i in range(spec.nproc_per_node)]
+        ranks = [spec.place(i).rank for i in range(spec.nproc_per_node)]
         rebuild = not all(self._spare_for(r, spec.world_size) for r in ranks)
         launched = [self._launch(spec, i, rebuild=rebuild) for i in range(spec.nproc_per_node)]
         if self.host_store:  # after the spawns: the ranks import torch meanwhile, and retry until it is up
@@ -230,7 +230,7 @@ class LocalBackend(Backend):
         kept = attempt.handover(survivors)
         launched: list[_Launched] = []
         for local_rank in range(spec.nproc_per_node):
-            rank = int(spec.rank_env(local_rank)["RANK"])
+            rank = spec.place(local_rank).rank
             if rank in kept:
                 worker, proc, fd, orders = kept[rank]
                 env, _ = self._rank_env(spec, local_rank)
@@ -258,7 +258,7 @@ class LocalBackend(Backend):
     def _rank_env(self, spec: LaunchSpec, local_rank: int) -> tuple[dict[str, str], bool]:
         """A rank's environment for ``spec``, and whether the thread variables were set by gpufleet."""
         res = self._plan(spec, spec.nproc_per_node)[local_rank]
-        devices = visible_devices(self.active_slots(spec), os.environ) if self.dropped else {}
+        devices = visible_devices(self.active_slots(spec)) if self.dropped else {}
         env = {**spec.env, **spec.rank_env(local_rank), **devices}
         if self.host_store:  # torch's env:// rendezvous: every rank a client of this process's store
             env[AGENT_STORE_ENV] = "True"
@@ -270,7 +270,7 @@ class LocalBackend(Backend):
         """Start one rank: a standby promoted, or a fresh process (for a command a standby cannot run)."""
         res = self._plan(spec, spec.nproc_per_node)[local_rank]
         env, threads = self._rank_env(spec, local_rank)
-        rank = int(env["RANK"])
+        rank = spec.place(local_rank).rank
         entry = python_entry(spec.command)
         sb = self._take_standby(rank, spec.world_size) if entry is not None else None
         if sb is None and entry is not None and self.in_process:
@@ -442,12 +442,13 @@ class _RendezvousStore:
         )
 
 
-def visible_devices(slots: list[int], environ: Mapping[str, str]) -> dict[str, str]:
+def visible_devices(slots: list[int], environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """CUDA_VISIBLE_DEVICES naming the GPUs of ``slots`` (once a slot was dropped), so LOCAL_RANK i is
     live slot i's GPU: slot k's GPU is the k-th of the inherited list, else GPU k."""
-    listed = environ.get("CUDA_VISIBLE_DEVICES", "")
+    listed = Platform.CUDA_VISIBLE_DEVICES.raw(environ) or ""
     ids = [d.strip() for d in listed.split(",")] if listed.strip() else None
-    return {"CUDA_VISIBLE_DEVICES": ",".join(ids[s] if ids and s < len(ids) else str(s) for s in slots)}
+    visible = ",".join(ids[s] if ids and s < len(ids) else str(s) for s in slots)
+    return {Platform.CUDA_VISIBLE_DEVICES: visible}
 
 
 @contextlib.contextmanager

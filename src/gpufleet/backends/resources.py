@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from gpufleet.core.env import Platform
 from gpufleet.core.errors import ConfigError
 
 __all__ = [
@@ -345,12 +346,11 @@ def thread_note(plan: Sequence[RankResources], environ: Mapping[str, str]) -> st
 def visible_gpus(environ: Mapping[str, str] | None = None, dev: str | os.PathLike[str] = "/dev") -> int:
     """GPUs a worker started here would see, without importing torch or creating a CUDA context: the
     ``/dev/nvidiaN`` devices, limited by ``CUDA_VISIBLE_DEVICES`` where set (``""`` or ``-1``: none)."""
-    environ = os.environ if environ is None else environ
     try:
         present = sum(1 for e in os.scandir(dev) if re.fullmatch(r"nvidia\d+", e.name))
     except OSError:
         return 0
-    listed = environ.get("CUDA_VISIBLE_DEVICES")
+    listed = Platform.CUDA_VISIBLE_DEVICES.raw(environ)
     if listed is None:
         return present
     ids = []

@@ -17,7 +17,6 @@ import copy
 import dataclasses
 import math
 import mmap
-import os
 import threading
 import time
 import warnings
@@ -26,6 +25,8 @@ from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
+
+from gpufleet.core.env import Platform
 
 __all__ = ["Stager", "StageJob", "StagedShard", "tensor_layout"]
 
@@ -249,8 +250,8 @@ def within_half(each: int, ranks: int, available: int | None, held_each: int = 0
 
 def local_ranks(default: int) -> int:
     """Ranks on this node (``LOCAL_WORLD_SIZE``, which torchrun and every gpufleet backend set)."""
-    raw = os.environ.get("LOCAL_WORLD_SIZE", "")
-    return int(raw) if raw.isdigit() and int(raw) > 0 else default
+    ranks = Platform.LOCAL_WORLD_SIZE.get()
+    return ranks if ranks is not None and ranks > 0 else default
 
 
 def _page_aligned(shape: torch.Size, dtype: torch.dtype, nbytes: int) -> torch.Tensor:

@@ -54,11 +54,21 @@ def _register() -> None:
     app.add_typer(ckpt.app, name="ckpt")
     # Pillars added later register here, one line each (their modules must import lightly).
     from gpufleet.cli import health as health_cli, nodes as nodes_cli  # noqa: I001
-    app.add_typer(health_cli.app, name="health"); nodes_cli.register(app)  # noqa: E702
-    from gpufleet.cli import serve as serve_cli; app.add_typer(serve_cli.app, name="serve")  # noqa: E702, I001
-    from gpufleet.cli import fleet as fleet_cli; app.add_typer(fleet_cli.app, name="fleet")  # noqa: E702, I001
-    from gpufleet.cli import compress as compress_cli; app.add_typer(compress_cli.app, name="compress")  # noqa: E702, I001
-    from gpufleet.cli import observe as observe_cli; observe_cli.register(app)  # noqa: E702, I001
+
+    app.add_typer(health_cli.app, name="health")
+    nodes_cli.register(app)  # noqa: E702
+    from gpufleet.cli import serve as serve_cli
+
+    app.add_typer(serve_cli.app, name="serve")  # noqa: E702, I001
+    from gpufleet.cli import fleet as fleet_cli
+
+    app.add_typer(fleet_cli.app, name="fleet")  # noqa: E702, I001
+    from gpufleet.cli import compress as compress_cli
+
+    app.add_typer(compress_cli.app, name="compress")  # noqa: E702, I001
+    from gpufleet.cli import observe as observe_cli
+
+    observe_cli.register(app)  # noqa: E702, I001
 
 
 def fail(message: str, code: int = ExitCode.USAGE) -> None:

@@ -197,9 +197,9 @@ def metrics_push(
     if not job.replace("_", "").replace("-", "").isalnum():
         raise UsageError(f"--job {job!r}: letters, digits, '-' and '_' only")
     if instance is None:
-        from gpufleet.health.runner import default_node
+        from gpufleet.core.launch import node_name
 
-        instance = default_node()
+        instance = node_name()
     req = SourceRequest.from_flags(dirs, fleet_dir, no_fleet, serve_dir)
     push(req.sources(), gateway, job, {"instance": instance})
 

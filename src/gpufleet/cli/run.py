@@ -196,7 +196,7 @@ def run_command(
         typer.Option(
             help="local: when a rank crashes or hangs, the other ranks keep their processes and rejoin "
             "with a replacement (a new rendezvous round), instead of every rank restarting. Falls back "
-            "to a full restart where unsafe (docs/reliability.md, \"In-process restart\").",
+            'to a full restart where unsafe (docs/reliability.md, "In-process restart").',
         ),
     ] = False,
     straggler_action: Annotated[
@@ -279,8 +279,22 @@ def _render(outcome: Outcome) -> int:
 
 # Options that describe the batch job (Slurm, Kubernetes) itself, not the supervisor that runs inside it.
 _JOB_OPTIONS = {
-    "nproc_per_node", "run_dir", "backend", "nodes", "spare_nodes", "min_nodes", "partition",
-    "time_limit", "exclude", "job_name", "submit", "progress", "address", "image", "namespace", "run_claim",
+    "nproc_per_node",
+    "run_dir",
+    "backend",
+    "nodes",
+    "spare_nodes",
+    "min_nodes",
+    "partition",
+    "time_limit",
+    "exclude",
+    "job_name",
+    "submit",
+    "progress",
+    "address",
+    "image",
+    "namespace",
+    "run_claim",
 }
 
 

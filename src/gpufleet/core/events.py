@@ -9,7 +9,11 @@ Every event carries the envelope of :class:`Event` (``t``, ``mono``, ``session``
 ``ev`` is the kind (``Event.kind``) and ``v`` the ledger format version (:data:`LEDGER_VERSION`);
 a line without ``v`` is version 1. Optional fields whose value is ``None`` (or an empty tuple, where
 that is the default) are left out of the line. Closed sets are :class:`enum.StrEnum`, so the JSON
-holds the same strings as before the types existed.
+holds their plain strings.
+
+A kind is declared once, on its class (``@event("step") class Step(Event)``); the registry
+(:data:`EVENT_TYPES`) and ``__all__`` follow from the declarations, and readers compare raw records
+with the class's kind (``rec["ev"] == E.Step.kind``).
 
 Writing is strict: constructing an event checks every field's type (a typo in a field name, a
 missing field or a value outside an enum raises :class:`EventSchemaError`). Reading is lenient by
@@ -29,114 +33,11 @@ import math
 import time
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from gpufleet.core.errors import GpufleetError
-
-__all__ = [
-    "LEDGER_VERSION",
-    "EventSchemaError",
-    "Event",
-    "UnknownEvent",
-    "EVENT_TYPES",
-    "parse_event",
-    "make_event",
-    "to_record",
-    "fields_of",
-    # enums
-    "FailureCause",
-    "RunStatus",
-    "RollbackMode",
-    "RestoreSource",
-    "RestartPath",
-    "IntervalMode",
-    "HeartbeatPhase",
-    "TimingSection",
-    "NodeStateName",
-    "Component",
-    "Actor",
-    "SlurmActionKind",
-    # run lifecycle
-    "RunStart",
-    "RunEnd",
-    "AttemptStart",
-    "WorkerReady",
-    "Heartbeat",
-    # progress
-    "Step",
-    "EpochEnd",
-    # failures and recovery
-    "Failure",
-    "Detected",
-    "Teardown",
-    "Restart",
-    "Rejoin",
-    "Restore",
-    "RestoreRejected",
-    "Rollback",
-    "Spike",
-    "Skip",
-    "GiveUp",
-    "NodeLost",
-    "SlotDropped",
-    "Straggler",
-    # checkpoints
-    "CkptStaged",
-    "CkptCommitted",
-    "CkptUploaded",
-    "CkptVerified",
-    "CkptFailed",
-    "CkptSkipped",
-    "CkptMemory",
-    "CkptDeleted",
-    "Interval",
-    # drills
-    "Inject",
-    # fleet ledger
-    "NodeState",
-    "HealthResult",
-    "SlurmAction",
-    "SlurmBreakerOpen",
-    "SlurmActionSkipped",
-    "SlurmActionFailed",
-    "NodePlatform",
-    "NodeActionKind",
-    "NodeAction",
-    # kind strings
-    "RUN_START",
-    "RUN_END",
-    "ATTEMPT_START",
-    "WORKER_READY",
-    "HEARTBEAT",
-    "STEP",
-    "EPOCH_END",
-    "FAILURE",
-    "DETECTED",
-    "TEARDOWN",
-    "RESTART",
-    "RESTORE",
-    "RESTORE_REJECTED",
-    "ROLLBACK",
-    "SPIKE",
-    "SKIP",
-    "GIVE_UP",
-    "NODE_LOST",
-    "SLOT_DROPPED",
-    "STRAGGLER",
-    "CKPT_STAGED",
-    "CKPT_COMMITTED",
-    "CKPT_UPLOADED",
-    "CKPT_VERIFIED",
-    "CKPT_FAILED",
-    "CKPT_SKIPPED",
-    "CKPT_DELETED",
-    "INTERVAL",
-    "INJECT",
-    "NODE_STATE",
-    "HEALTH_RESULT",
-]
 
 LEDGER_VERSION = 1
 """The format version written as ``v`` on every line. Bump it when a field changes meaning or is
@@ -253,8 +154,9 @@ class SlurmActionKind(enum.StrEnum):
 # ---------------------------------------------------------------------------------- base
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Event:
-    """The envelope every event carries. Subclasses add their fields and set ``kind``."""
+    """The envelope every event carries. Each kind is a subclass declared with :func:`event`."""
 
+    #: The ``ev`` string of the kind (set by :func:`event`).
     kind: ClassVar[str] = ""
     #: False for events that only travel from a worker to its supervisor and never reach the ledger.
     in_ledger: ClassVar[bool] = True
@@ -272,6 +174,11 @@ class Event:
     attempt: int | None = None
     """The attempt the event belongs to (the supervisor stamps it on relayed worker events)."""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super(Event, cls).__init_subclass__(**kwargs)  # the slotted class: no zero-argument super()
+        if "kind" in vars(cls) or "in_ledger" in vars(cls):
+            raise TypeError(f"{cls.__name__}: declare an event's kind with @event(...), not in its body")
+
     def __post_init__(self) -> None:
         for f in _schema(type(self)):
             value = _coerce(getattr(self, f.name), f.tp, True, f"{self.kind or type(self).__name__}.{f.json}")
@@ -282,12 +189,39 @@ class Event:
         return to_record(self)
 
 
+EVENT_TYPES: dict[str, type[Event]] = {}
+"""Every event kind by its ``ev`` string, in declaration order (filled by :func:`event`)."""
+
+_E = TypeVar("_E", bound=Event)
+
+
+@typing.dataclass_transform(kw_only_default=True, frozen_default=True, field_specifiers=(field,))
+def event(kind: str, *, in_ledger: bool = True) -> Callable[[type[_E]], type[_E]]:
+    """Declare an event kind: the decorated class becomes a frozen, keyword-only, slotted dataclass
+    whose ``kind`` is ``kind``, registered in :data:`EVENT_TYPES`. ``in_ledger=False``: the event
+    only travels from a worker to its supervisor.
+
+    A decorator rather than a class keyword: ``slots=True`` makes a new class, and the registry must
+    hold that one. A subclass that sets ``kind`` in its body instead is refused at import, so no kind
+    escapes the registry."""
+
+    def declare(cls: type[_E]) -> type[_E]:
+        if kind in EVENT_TYPES:
+            first = EVENT_TYPES[kind].__name__
+            raise TypeError(f"event kind {kind!r} declared twice: {first}, {cls.__name__}")
+        made = dataclass(frozen=True, kw_only=True, slots=True)(cls)
+        made.kind, made.in_ledger = kind, in_ledger
+        EVENT_TYPES[kind] = made
+        return made
+
+    return declare
+
+
 # ---------------------------------------------------------------------------------- run lifecycle
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("run_start")
 class RunStart(Event):
     """A session starts (supervisor; rank 0 in a standalone run)."""
 
-    kind: ClassVar[str] = "run_start"
     world_size: int  # ranks in the first attempt
     backend: str  # launcher: local, srun, ... or "standalone" (no supervisor)
     nproc: int | None = None  # processes per node
@@ -295,42 +229,37 @@ class RunStart(Event):
     config: Mapping[str, Any] | None = None  # the supervisor's configuration
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("run_end")
 class RunEnd(Event):
     """A session ends; its wall time ends here (without it, at the session's last event)."""
 
-    kind: ClassVar[str] = "run_end"
     status: RunStatus  # how it ended
     exit_code: int  # the exit code of ``gpufleet run``
     restarts: int | None = None  # restarts in this session (supervisor)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("attempt_start")
 class AttemptStart(Event):
     """Workers of an attempt spawned (or standby workers promoted). ``attempt`` is set."""
 
-    kind: ClassVar[str] = "attempt_start"
     world_size: int  # ranks in this attempt
     pids: tuple[int, ...] = ()  # worker (or node agent) process ids
     nodes: tuple[str, ...] = ()  # nodes of the attempt (multi-node backends)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("worker_ready")
 class WorkerReady(Event):
     """A rank's process group is up (every rank). ``rank`` and ``attempt`` are set."""
 
-    kind: ClassVar[str] = "worker_ready"
     init_s: float  # spawn (or its order) -> process group up, seconds
     # A hot spare: the script had built this rank's objects before the failure (train/run.py)
     hot_spare: bool = False
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("hb", in_ledger=False)
 class Heartbeat(Event):
     """A worker is alive (worker -> supervisor pipe only; never written to the ledger)."""
 
-    kind: ClassVar[str] = "hb"
-    in_ledger: ClassVar[bool] = False
     step: int  # the step the rank is at
     phase: HeartbeatPhase | None = None  # a step-less phase; None while stepping
     total: int | None = None  # the run's total steps (sent with step heartbeats)
@@ -339,11 +268,10 @@ class Heartbeat(Event):
 
 
 # ---------------------------------------------------------------------------------- progress
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("step")
 class Step(Event):
     """One completed step (rank 0). Work = ``dt - stall``; it started at ``t - dt``."""
 
-    kind: ClassVar[str] = "step"
     step: int  # 0-based index of the step just finished
     dt: float  # its full wall duration, including the checkpoint stall inside it
     stall: float = 0.0  # the part of ``dt`` training was blocked by a checkpoint
@@ -351,21 +279,19 @@ class Step(Event):
     loss: float | None = None  # the mean loss over ranks, when ``run.log(loss=...)`` was called
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("epoch_end")
 class EpochEnd(Event):
     """The last step of an epoch completed (rank 0; needs ``run.steps(..., steps_per_epoch=N)``)."""
 
-    kind: ClassVar[str] = "epoch_end"
     epoch: int  # the epoch that ended (0-based)
     step: int  # the index of its last step
 
 
 # ---------------------------------------------------------------------------------- failures
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("failure")
 class Failure(Event):
     """An attempt failed (supervisor). ``t`` is when it was detected; ``rank`` the failed rank."""
 
-    kind: ClassVar[str] = "failure"
     cause: FailureCause  # what failed
     exit_code: int | None = None  # the rank's exit code (None when killed by a signal, or a hang)
     signal: int | None = None  # the signal that killed it
@@ -375,53 +301,48 @@ class Failure(Event):
     node: str | None = None  # multi-node backends: the node whose agent reported the failure
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("detected")
 class Detected(Event):
     """The supervisor noticed a failure (supervisor)."""
 
-    kind: ClassVar[str] = "detected"
     cause: FailureCause  # as in the failure
     detect_s: float  # detected - happened, seconds
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("teardown")
 class Teardown(Event):
     """All workers of a failed attempt are gone (supervisor). ``t`` = teardown end."""
 
-    kind: ClassVar[str] = "teardown"
     teardown_s: float  # how long stopping the remaining workers took
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("restart")
 class Restart(Event):
     """A new attempt starts after a failure (supervisor). ``attempt`` is the new attempt."""
 
-    kind: ClassVar[str] = "restart"
     reason: str  # the failure cause that made the restart necessary
     path: RestartPath = RestartPath.FULL  # how: every worker restarted, or only the lost one (in-process)
     fallback: str | None = None  # in-process restart was on but unsafe here: why the full path was taken
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("rejoin")
 class Rejoin(Event):
     """A surviving rank left its failed collective and waits to rejoin in-process (every such rank).
 
     ``t`` = ready to rejoin; ``attempt`` = the attempt it rejoins."""
 
-    kind: ClassVar[str] = "rejoin"
     reason: str  # the collective's error, first line
     abort_s: float  # abandoning the round: engine wait, process groups destroyed, objects freed
     # True: the rank kept its model and optimizer and rolls them back in place (no re-run of the script)
     in_place: bool = False
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("restore")
 class Restore(Event):
     """Rank 0 loaded state (on every start, a fresh one included). ``t`` = load finished.
 
     Every earlier execution of a step >= ``step`` is thereby rolled back."""
 
-    kind: ClassVar[str] = "restore"
     step: int  # the step to resume at
     load_s: float  # read + verify + apply, seconds
     fresh: bool = False  # no checkpoint: a fresh start at step 0
@@ -433,21 +354,19 @@ class Restore(Event):
     preloaded: bool = False
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("restore_rejected")
 class RestoreRejected(Event):
     """A checkpoint failed verification or download; the restore fell back to an older one (rank 0)."""
 
-    kind: ClassVar[str] = "restore_rejected"
     path: str  # the rejected checkpoint (directory or URL)
     step: int  # its step
     reason: str  # why
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("rollback")
 class Rollback(Event):
     """The supervisor's decision after a loss spike: replay, or roll further back and skip."""
 
-    kind: ClassVar[str] = "rollback"
     from_step: int  # the step the spike happened at
     to_step: int  # the newest checkpoint step the next attempt may restore
     mode: RollbackMode  # replay the same batches, or skip a window
@@ -458,59 +377,53 @@ class Rollback(Event):
     data_driven: bool = False  # mode skip: the replay reproduced the spike (the data, not the machine)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("spike")
 class Spike(Event):
     """The loss guard fired; every rank agreed (rank 0)."""
 
-    kind: ClassVar[str] = "spike"
     step: int  # the step whose loss tripped the guard
     reason: str  # what the guard saw
     value: float | None = None  # the mean loss (None for NaN/inf)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("skip")
 class Skip(Event):
     """Rank 0 skipped a batch window a ``skip`` rollback decided: its steps never run."""
 
-    kind: ClassVar[str] = "skip"
     skipped_from: int  # first skipped step
     skipped_to: int  # first step after the window (training resumes there)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("give_up")
 class GiveUp(Event):
     """A breaker stopped the run (supervisor); ``run_end`` follows."""
 
-    kind: ClassVar[str] = "give_up"
     reason: str  # which breaker, in words
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("node_lost")
 class NodeLost(Event):
     """A node's agent vanished and the node did not answer a probe (srun backend)."""
 
-    kind: ClassVar[str] = "node_lost"
     node: str  # the lost node
     reason: str  # human-readable
     job: str | None = None  # the Slurm job id
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("slot_dropped")
 class SlotDropped(Event):
     """The local backend stopped using a worker slot that kept failing (``--min-nproc``)."""
 
-    kind: ClassVar[str] = "slot_dropped"
     slot: int  # the local slot (its LOCAL_RANK in the first attempt; its GPU, where there are GPUs)
     failures: int  # consecutive failures blamed on it
     nproc: int  # worker slots left: the next attempt's ranks per node
     reason: str  # human-readable
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("straggler")
 class Straggler(Event):
     """A rank ran a section of its steps slower than its peers, window after window (supervisor)."""
 
-    kind: ClassVar[str] = "straggler"
     step: int  # the step at which it was flagged
     section: TimingSection  # which per-rank timing
     seconds: float  # the rank's median of that section over the window
@@ -521,22 +434,20 @@ class Straggler(Event):
 
 
 # ---------------------------------------------------------------------------------- checkpoints
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("ckpt_staged")
 class CkptStaged(Event):
     """A checkpoint's state was copied for the background persist (rank 0's engine)."""
 
-    kind: ClassVar[str] = "ckpt_staged"
     step: int  # the checkpoint's step
     stall_s: float  # time training was blocked by this checkpoint
     stage_s: float  # time to stage (copy) the state, overlapped or not
     bytes: int  # staged bytes
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("ckpt_committed")
 class CkptCommitted(Event):
     """The manifest is written: the checkpoint exists (rank 0's engine)."""
 
-    kind: ClassVar[str] = "ckpt_committed"
     step: int  # the checkpoint's step
     path: str  # its directory
     bytes: int  # bytes written by all ranks
@@ -544,22 +455,20 @@ class CkptCommitted(Event):
     files: int | None = None  # number of files
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("ckpt_uploaded")
 class CkptUploaded(Event):
     """A committed checkpoint was copied to object storage (rank 0's engine)."""
 
-    kind: ClassVar[str] = "ckpt_uploaded"
     step: int  # the checkpoint's step
     url: str  # where it went
     upload_s: float  # seconds
     bytes: int  # bytes uploaded
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("ckpt_verified")
 class CkptVerified(Event):
     """A checkpoint passed verification on restore (rank 0)."""
 
-    kind: ClassVar[str] = "ckpt_verified"
     step: int  # the checkpoint's step
     path: str  # its directory
     verify_s: float  # seconds
@@ -570,30 +479,27 @@ class CkptVerified(Event):
     in_buffers_bytes: int | None = None  # one pass: bytes kept in the buffers for the load
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("ckpt_failed")
 class CkptFailed(Event):
     """A checkpoint save (or its upload) failed; training goes on (rank 0's engine)."""
 
-    kind: ClassVar[str] = "ckpt_failed"
     step: int  # the checkpoint's step
     reason: str  # why
     stage: str | None = None  # "upload" when the upload failed (the local copy is fine)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("ckpt_skipped")
 class CkptSkipped(Event):
     """A save came due while the previous one was still persisting (rank 0's engine)."""
 
-    kind: ClassVar[str] = "ckpt_skipped"
     step: int  # the step it came due at
     reason: str  # why
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("ckpt_memory")
 class CkptMemory(Event):
     """What the in-memory tier did with a committed checkpoint (rank 0's engine, ``--memory-tier``)."""
 
-    kind: ClassVar[str] = "ckpt_memory"
     step: int  # the checkpoint's step
     kept: bool  # a verified copy is now in host memory
     bytes: int  # the checkpoint's size (files + manifest)
@@ -606,21 +512,19 @@ class CkptMemory(Event):
     reason: str | None = None  # not kept: why; kept: a note (e.g. no peer on a single node)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("ckpt_deleted")
 class CkptDeleted(Event):
     """Retention deleted a checkpoint (rank 0's engine)."""
 
-    kind: ClassVar[str] = "ckpt_deleted"
     step: int  # the checkpoint's step
     path: str  # its directory or URL
     reason: str  # why ("retention")
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("interval")
 class Interval(Event):
     """The checkpoint interval policy decided (rank 0; see docs/reliability.md)."""
 
-    kind: ClassVar[str] = "interval"
     step: int  # the step the decision was taken at
     policy: IntervalMode  # steps, time or auto
     model: str | None = None  # auto: "daly", or "bootstrap" before enough measurements
@@ -635,11 +539,10 @@ class Interval(Event):
 
 
 # ---------------------------------------------------------------------------------- drills
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("inject")
 class Inject(Event):
     """A drill fault fired on purpose (the rank it fired on)."""
 
-    kind: ClassVar[str] = "inject"
     json_names: ClassVar[Mapping[str, str]] = {"fault": "kind"}
     fault: str  # the fault kind: kill, hang, nan, ... (gpufleet.train.faults); ledger key ``kind``
     fault_id: int  # the fault's index in the --inject list
@@ -649,11 +552,10 @@ class Inject(Event):
 
 
 # ---------------------------------------------------------------------------------- fleet ledger
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("node_state")
 class NodeState(Event):
     """A node changed state (fleet ledger; see docs/health.md)."""
 
-    kind: ClassVar[str] = "node_state"
     node: str  # the node
     state: NodeStateName  # its new state
     reason: str  # why
@@ -662,11 +564,10 @@ class NodeState(Event):
     check: str | None = None  # the health check behind it
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("health_result")
 class HealthResult(Event):
     """One health check's result on one node (fleet ledger)."""
 
-    kind: ClassVar[str] = "health_result"
     node: str  # the node checked
     plan: str  # the plan run
     profile: str  # the hardware profile
@@ -683,11 +584,10 @@ class HealthResult(Event):
     device: str | None = None  # the device, for per-device results
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("slurm_action")
 class SlurmAction(Event):
     """gpufleet drained or resumed a Slurm node (fleet ledger, and the run's ledger when in a run)."""
 
-    kind: ClassVar[str] = "slurm_action"
     node: str  # the node
     action: SlurmActionKind  # drain or resume
     reason: str  # the Slurm reason set (drain) or why (resume)
@@ -695,11 +595,10 @@ class SlurmAction(Event):
     previous: str | None = None  # resume: the drain reason it cleared
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("slurm_breaker_open")
 class SlurmBreakerOpen(Event):
     """The circuit breaker refused a drain: too many nodes isolated recently (an alert)."""
 
-    kind: ClassVar[str] = "slurm_breaker_open"
     node: str  # the node not drained
     hit: int  # nodes isolated within the window, this one included
     total: int  # nodes in the cluster
@@ -709,21 +608,19 @@ class SlurmBreakerOpen(Event):
     detail: str  # its detail
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("slurm_action_skipped")
 class SlurmActionSkipped(Event):
     """A drain or resume was not done: the node is not gpufleet's to touch."""
 
-    kind: ClassVar[str] = "slurm_action_skipped"
     node: str  # the node
     action: SlurmActionKind  # what was not done
     why: str  # why
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("slurm_action_failed")
 class SlurmActionFailed(Event):
     """A drain or resume command failed."""
 
-    kind: ClassVar[str] = "slurm_action_failed"
     node: str  # the node
     action: SlurmActionKind  # what failed
     error: str  # the error
@@ -745,11 +642,10 @@ class ActionResult(enum.StrEnum):
     FAILED = "failed"  # tried, and it failed
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("operator_action")
 class OperatorAction(Event):
     """An action asked for through ``gpufleet mcp --allow-actions`` (fleet ledger): the audit trail."""
 
-    kind: ClassVar[str] = "operator_action"
     action: OperatorActionKind  # what was asked
     target: str  # the node or run it was asked for
     requested_by: str  # who asked (the tool's ``requested_by`` argument)
@@ -764,11 +660,10 @@ class K8sActionKind(enum.StrEnum):
     UNCORDON = "uncordon"  # all of that undone
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("k8s_action")
 class K8sAction(Event):
     """gpufleet isolated or returned a Kubernetes node, or declined to (fleet ledger, and the run's)."""
 
-    kind: ClassVar[str] = "k8s_action"
     node: str  # the node
     action: K8sActionKind  # what was asked
     result: ActionResult  # done; refused (an admin's cordon, not ours, breaker open); failed (API error)
@@ -781,11 +676,10 @@ class RayActionKind(enum.StrEnum):
     RELEASE = "release"  # that hold ended
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("ray_action")
 class RayAction(Event):
     """gpufleet quarantined or released a Ray node, or declined to (fleet ledger): the audit trail."""
 
-    kind: ClassVar[str] = "ray_action"
     node: str  # the node (first 12 hex digits of its Ray node id)
     action: RayActionKind  # what was asked
     result: ActionResult  # done; refused (breaker open, no resource to hold, not held); failed (Ray error)
@@ -808,12 +702,11 @@ class NodeActionKind(enum.StrEnum):
     RELEASE = "release"  # that isolation undone (resume, uncordon, hold ended)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@event("node_action")
 class NodeAction(Event):
     """gpufleet isolated or released a node, or declined to (fleet ledger, and the run's): the audit
     trail of every platform's node actions, and what the circuit breaker counts."""
 
-    kind: ClassVar[str] = "node_action"
     node: str  # the node, as the platform names it (a Ray node: the first 12 hex digits of its id)
     platform: NodePlatform  # slurm, k8s or ray
     action: NodeActionKind  # what was asked
@@ -833,88 +726,6 @@ class UnknownEvent(Event):
     ev: str  # the line's ``ev``
     data: Mapping[str, Any]  # the whole line
     problem: str  # why it could not be typed
-
-
-EVENT_TYPES: dict[str, type[Event]] = {
-    c.kind: c
-    for c in (
-        RunStart,
-        RunEnd,
-        AttemptStart,
-        WorkerReady,
-        Heartbeat,
-        Step,
-        EpochEnd,
-        Failure,
-        Detected,
-        Teardown,
-        Restart,
-        Rejoin,
-        Restore,
-        RestoreRejected,
-        Rollback,
-        Spike,
-        Skip,
-        GiveUp,
-        NodeLost,
-        SlotDropped,
-        Straggler,
-        CkptStaged,
-        CkptCommitted,
-        CkptUploaded,
-        CkptVerified,
-        CkptFailed,
-        CkptSkipped,
-        CkptMemory,
-        CkptDeleted,
-        Interval,
-        Inject,
-        NodeState,
-        HealthResult,
-        SlurmAction,
-        SlurmBreakerOpen,
-        SlurmActionSkipped,
-        SlurmActionFailed,
-        OperatorAction,
-        K8sAction,
-        RayAction,
-        NodeAction,
-    )
-}
-"""Every event kind by its ``ev`` string."""
-
-# The kind strings, for readers that compare raw records (``rec["ev"] == E.STEP``).
-RUN_START = RunStart.kind
-RUN_END = RunEnd.kind
-ATTEMPT_START = AttemptStart.kind
-WORKER_READY = WorkerReady.kind
-HEARTBEAT = Heartbeat.kind
-STEP = Step.kind
-EPOCH_END = EpochEnd.kind
-FAILURE = Failure.kind
-DETECTED = Detected.kind
-TEARDOWN = Teardown.kind
-RESTART = Restart.kind
-RESTORE = Restore.kind
-RESTORE_REJECTED = RestoreRejected.kind
-ROLLBACK = Rollback.kind
-SPIKE = Spike.kind
-SKIP = Skip.kind
-GIVE_UP = GiveUp.kind
-NODE_LOST = NodeLost.kind
-SLOT_DROPPED = SlotDropped.kind
-STRAGGLER = Straggler.kind
-CKPT_STAGED = CkptStaged.kind
-CKPT_COMMITTED = CkptCommitted.kind
-CKPT_UPLOADED = CkptUploaded.kind
-CKPT_VERIFIED = CkptVerified.kind
-CKPT_FAILED = CkptFailed.kind
-CKPT_SKIPPED = CkptSkipped.kind
-CKPT_DELETED = CkptDeleted.kind
-INTERVAL = Interval.kind
-INJECT = Inject.kind
-NODE_STATE = NodeState.kind
-HEALTH_RESULT = HealthResult.kind
 
 
 # ---------------------------------------------------------------------------------- schema checks
@@ -1041,9 +852,6 @@ def make_event(ev: str, /, **fields: Any) -> Event:
     return cls(**{by_json[k].name: v for k, v in fields.items()})
 
 
-_E = TypeVar("_E", bound=Event)
-
-
 def _build(cls: type[_E], values: dict[str, Any]) -> _E:
     """An instance without __post_init__'s strict check (values already checked leniently)."""
     obj = object.__new__(cls)
@@ -1117,3 +925,11 @@ def to_record(event: Event) -> dict[str, Any]:
             value = list(value)
         rec[f.json] = value
     return rec
+
+
+__all__ = ["LEDGER_VERSION", "EVENT_TYPES"] + [
+    name
+    for name, obj in list(globals().items())
+    if not name.startswith("_") and getattr(obj, "__module__", None) == __name__
+]
+"""Everything this module defines: the event classes and the closed sets their fields use among them."""

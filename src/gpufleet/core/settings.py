@@ -1,8 +1,8 @@
 """Settings: every ``GPUFLEET_*`` environment variable, and the worker contract (:class:`RunSettings`).
 
-One prefix, one table: :class:`gpufleet.core.env.Env` names every variable gpufleet reads (it lives in
-a module without pydantic, so light code such as the CLI can use it); code reads them through
-:func:`~gpufleet.core.env.read_env` or the models here, never by a string literal of its own.
+One prefix, one table: :class:`gpufleet.core.env.Env` declares every variable gpufleet reads (it lives
+in a module without pydantic, so light code such as the CLI can use it); code reads them through
+their declarations (``Env.AGENT_GRACE.get()``) or the models here, never by a string literal of its own.
 
 :class:`RunSettings` is what a training worker runs with. Its values come from, lowest first:
 defaults <- ``gpufleet.init(**kw)`` <- environment. The supervisor's flags travel to workers as
@@ -13,14 +13,13 @@ anything, so a value a worker would reject stops ``gpufleet run`` with one line 
 Why a plain pydantic model and not pydantic-settings' ``BaseSettings``: the two sides layer the same
 fields in different orders (worker: environment over ``init()`` keywords; supervisor: flags over its
 inherited environment), both must read a given mapping rather than ``os.environ``, several variables
-keep their historical short names (``GPUFLEET_CKPT_EVERY``, ``GPUFLEET_UPLOAD``), and errors must name
+have short names (``GPUFLEET_CKPT_EVERY``, ``GPUFLEET_UPLOAD``), and errors must name
 the flag or variable the value came from. That is a 20-line loader over one table, not a dependency.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gpufleet.core.env import Env, read_env
+from gpufleet.core.env import Env, Var, read_env
 from gpufleet.core.errors import ConfigError
 from gpufleet.core.units import INTERVAL_FORMS, parse_interval
 
@@ -91,7 +90,7 @@ def parse_size(value: Any) -> int:
 
 
 # field -> environment variable, for the settings users set (flags, init() keywords, environment)
-SETTING_ENV: dict[str, Env] = {
+SETTING_ENV: dict[str, Var[str]] = {
     "run_dir": Env.RUN_DIR,
     "checkpoint_every": Env.CKPT_EVERY,
     "checkpoint_dir": Env.CKPT_DIR,
@@ -118,7 +117,7 @@ SETTING_FLAG: dict[str, str] = {
     "dist_backend": "--dist-backend",
 }
 # field -> variable, for what only the supervisor sets
-_PLUMBING_ENV: dict[str, Env] = {
+_PLUMBING_ENV: dict[str, Var[str]] = {
     "control_fd": Env.CONTROL_FD,
     "attempt": Env.ATTEMPT,
     "session": Env.SESSION,
@@ -201,14 +200,13 @@ class RunSettings(BaseModel):
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, /, **kwargs: Any) -> RunSettings:
         """The worker's side: defaults <- ``init()`` keywords <- environment (``os.environ``)."""
-        env = os.environ if env is None else env
         for k in kwargs:
             if k not in SETTING_ENV:
                 raise ConfigError(f"unknown gpufleet.init() option {k!r}; valid: {', '.join(SETTING_ENV)}")
         layers: list[tuple[dict[str, Any], Callable[[str], str]]] = [
             (dict(kwargs), lambda f: f"gpufleet.init({f}=...)"),
-            (_from_env(env, SETTING_ENV), lambda f: SETTING_ENV[f].value),
-            (_from_env(env, _PLUMBING_ENV), lambda f: _PLUMBING_ENV[f].value),
+            (_from_env(env, SETTING_ENV), lambda f: str(SETTING_ENV[f])),
+            (_from_env(env, _PLUMBING_ENV), lambda f: str(_PLUMBING_ENV[f])),
         ]
         return cls._build(layers)
 
@@ -218,9 +216,8 @@ class RunSettings(BaseModel):
 
         Defaults <- the inherited environment <- the supervisor's ``flags`` (field -> value, None = unset).
         """
-        env = os.environ if env is None else env
         layers: list[tuple[dict[str, Any], Callable[[str], str]]] = [
-            (_from_env(env, SETTING_ENV), lambda f: SETTING_ENV[f].value),
+            (_from_env(env, SETTING_ENV), lambda f: str(SETTING_ENV[f])),
             ({k: v for k, v in flags.items() if v is not None}, lambda f: SETTING_FLAG.get(f, f)),
         ]
         return cls._build(layers)
@@ -231,7 +228,7 @@ class RunSettings(BaseModel):
         out = {}
         for name, value in values.items():
             if value is not None:
-                out[SETTING_ENV[name].value] = str(int(value) if isinstance(value, bool) else value)
+                out[str(SETTING_ENV[name])] = str(int(value) if isinstance(value, bool) else value)
         return out
 
     @classmethod
@@ -248,8 +245,8 @@ class RunSettings(BaseModel):
             raise ConfigError(validation_message(e, origin, values)) from None
 
 
-def _from_env(env: Mapping[str, str], table: Mapping[str, Env]) -> dict[str, str]:
-    return {field: env[var] for field, var in table.items() if env.get(var, "") != ""}
+def _from_env(env: Mapping[str, str] | None, table: Mapping[str, Var[str]]) -> dict[str, str]:
+    return {field: raw for field, var in table.items() if (raw := var.raw(env))}
 
 
 _MESSAGES: dict[str, Callable[[dict[str, Any]], str]] = {

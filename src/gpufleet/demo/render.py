@@ -96,7 +96,7 @@ def loss_curve(run_dir: Path) -> list[tuple[int, float]]:
     """(step, mean loss) of the productive steps: the last record of each step wins (replays)."""
     by_step: dict[int, float] = {}
     for e in read_events(run_dir):
-        if e.get("ev") == E.STEP and isinstance(e.get("loss"), int | float):
+        if e.get("ev") == E.Step.kind and isinstance(e.get("loss"), int | float):
             by_step[int(e["step"])] = float(e["loss"])
     return sorted(by_step.items())
 

@@ -37,9 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.core import events as E
-from gpufleet.core.env import Env, read_env
+from gpufleet.core.env import Env
 from gpufleet.core.errors import UsageError
-from gpufleet.core.events import NODE_STATE
 from gpufleet.core.ledger import Ledger, read_events
 
 __all__ = [
@@ -64,15 +63,12 @@ FAILURE_STATES = frozenset({"suspect", "drained"})
 COMPONENTS = tuple(c.value for c in E.Component)  # gpu memory network storage host software unknown
 BY = tuple(a.value for a in E.Actor)  # gpufleet admin
 
-DEFAULT_LEMON_FAILURES = 3
-DEFAULT_LEMON_WINDOW_DAYS = 30.0
-
 
 def fleet_dir(fleet: str | os.PathLike[str] | None = None) -> Path:
     """The fleet state directory: ``fleet``, else ``$GPUFLEET_FLEET_DIR``, else ``./.gpufleet/fleet``."""
     if fleet is not None:
         return Path(fleet)
-    env = read_env(Env.FLEET_DIR, str, "")
+    env = Env.FLEET_DIR.get()
     return Path(env) if env else Path(".gpufleet") / "fleet"
 
 
@@ -111,7 +107,7 @@ def node_states(fleet: str | os.PathLike[str] | None = None) -> dict[str, list[d
     """``node_state`` events per node, in time order."""
     out: dict[str, list[dict[str, Any]]] = {}
     for e in read_events(fleet_dir(fleet)):
-        if e.get("ev") == NODE_STATE and e.get("node") and e.get("state") in STATES:
+        if e.get("ev") == E.NodeState.kind and e.get("node") and e.get("state") in STATES:
             out.setdefault(str(e["node"]), []).append(e)
     for evs in out.values():
         evs.sort(key=lambda e: float(e.get("t", 0.0)))
@@ -127,13 +123,13 @@ def current_state(node: str, fleet: str | os.PathLike[str] | None = None) -> dic
 def lemon_settings(
     lemon_failures: int | None = None, lemon_window_days: float | None = None
 ) -> tuple[int, float]:
-    """(failures, window seconds): explicit values, else env, else 3 failures in 30 days."""
+    """(failures, window seconds): explicit values, else ``GPUFLEET_LEMON_*`` or their defaults."""
     n = lemon_failures
     if n is None:
-        n = read_env(Env.LEMON_FAILURES, int, DEFAULT_LEMON_FAILURES)
+        n = Env.LEMON_FAILURES.get()
     days = lemon_window_days
     if days is None:
-        days = read_env(Env.LEMON_WINDOW_DAYS, float, DEFAULT_LEMON_WINDOW_DAYS)
+        days = Env.LEMON_WINDOW_DAYS.get()
     if n < 1 or days <= 0:
         raise UsageError("lemon threshold needs failures >= 1 and a positive window")
     return n, days * 86400.0

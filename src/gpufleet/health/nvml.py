@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from gpufleet.core.env import Env, read_env
+from gpufleet.core.env import Env
 
 __all__ = ["load_nvml", "GpuReading", "read_gpus", "NvmlUnavailable"]
 
@@ -39,7 +39,7 @@ class NvmlUnavailable(Exception):
 
 
 def load_nvml() -> ModuleType:
-    name = read_env(Env.NVML_MODULE, str, "pynvml")
+    name = Env.NVML_MODULE.get()
     try:
         return importlib.import_module(name)
     except ImportError as e:

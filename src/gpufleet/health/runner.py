@@ -10,7 +10,6 @@ results of the same check from other nodes of the same profile in the fleet ledg
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 import threading
 import time
@@ -18,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.core import events as E
-from gpufleet.core.env import Env, read_env
-from gpufleet.core.events import HEALTH_RESULT
+from gpufleet.core.launch import node_name
 from gpufleet.core.ledger import Ledger, read_events
 from gpufleet.health.checks import CheckSpec, Context, registry
 from gpufleet.health.nodes import fleet_dir
@@ -28,7 +26,7 @@ from gpufleet.health.profiles import Profile
 from gpufleet.health.relative import fleet_outlier
 from gpufleet.health.results import CheckResult, Report, Status
 
-__all__ = ["default_node", "run_plan", "record_report", "fleet_peers", "apply_fleet_rule"]
+__all__ = ["run_plan", "record_report", "fleet_peers", "apply_fleet_rule"]
 
 
 # Throughput checks compared with fleet peers; counts and free space are not.
@@ -42,10 +40,6 @@ FLEET_RULE_CHECKS = frozenset(
         "storage.checkpoint",
     }
 )
-
-
-def default_node() -> str:
-    return read_env(Env.NODE, str, "") or socket.gethostname().split(".")[0]
 
 
 def _run_one(spec: CheckSpec, ctx: Context, timeout: float) -> list[CheckResult]:
@@ -95,7 +89,7 @@ def run_plan(
 ) -> Report:
     """Run every check of ``plan`` against ``profile`` and return the report (nothing recorded)."""
     specs = registry()
-    node = node or default_node()
+    node = node or node_name()
     started, t0 = time.time(), time.monotonic()
     budget_end = t0 + plan.budget_s
     results: list[CheckResult] = []
@@ -147,7 +141,7 @@ def fleet_peers(
     """Newest valid value per (check, device) from every *other* node of ``profile``."""
     latest: dict[tuple[str, str, str], tuple[float, float]] = {}
     for e in events:
-        if e.get("ev") != HEALTH_RESULT or e.get("node") == node or e.get("profile") != profile:
+        if e.get("ev") != E.HealthResult.kind or e.get("node") == node or e.get("profile") != profile:
             continue
         if e.get("value") is None or float(e.get("valid_until", 0)) < now or e.get("status") == "INCOMPLETE":
             continue

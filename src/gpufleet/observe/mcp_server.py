@@ -209,7 +209,7 @@ def redacted_ledger(path: Path) -> str:
     """A ledger as JSONL without the fields that may hold command lines or configuration."""
     out = []
     for rec in iter_events(path):
-        if rec.get("ev") == E.RUN_START:
+        if rec.get("ev") == E.RunStart.kind:
             rec = {k: v for k, v in rec.items() if k not in REDACT}
         out.append(json.dumps(rec, separators=(",", ":"), default=str))
     return "\n".join(out) + ("\n" if out else "")
@@ -218,7 +218,7 @@ def redacted_ledger(path: Path) -> str:
 def health_latest(fleet: Path, node: str | None = None) -> list[dict[str, Any]]:
     latest: dict[tuple[str, str, str], dict[str, Any]] = {}
     for e in iter_events(fleet):
-        if e.get("ev") != E.HEALTH_RESULT or (node is not None and e.get("node") != node):
+        if e.get("ev") != E.HealthResult.kind or (node is not None and e.get("node") != node):
             continue
         key = (str(e.get("node")), str(e.get("check")), str(e.get("device") or ""))
         if key not in latest or float(latest[key].get("t", 0)) <= float(e.get("t", 0)):
@@ -295,8 +295,8 @@ def supervisor_pid(run_dir: Path) -> int | None:
     ``gpufleet ... run`` whose ``--run-dir`` is this directory (its command line is read, never shown).
     """
     events = read_events(run_dir)
-    starts = [e for e in events if e.get("ev") == E.ATTEMPT_START]
-    if not starts or E.RUN_END in {e.get("ev") for e in events[events.index(starts[-1]) :]}:
+    starts = [e for e in events if e.get("ev") == E.AttemptStart.kind]
+    if not starts or E.RunEnd.kind in {e.get("ev") for e in events[events.index(starts[-1]) :]}:
         return None
     want = run_dir.resolve()
     for pid in starts[-1].get("pids") or ():

@@ -235,9 +235,7 @@ SPECS: dict[str, Spec] = _specs(
         "Node isolations and releases gpufleet decided (Slurm, Kubernetes, Ray), by result.",
         ("platform", "action", "result"),
     ),
-    Spec(
-        "gpufleet_breaker_open_total", "counter", "Isolations the circuit breaker refused.", ("platform",)
-    ),
+    Spec("gpufleet_breaker_open_total", "counter", "Isolations the circuit breaker refused.", ("platform",)),
     Spec(
         "gpufleet_operator_actions_total",
         "counter",

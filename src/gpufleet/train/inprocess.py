@@ -48,7 +48,7 @@ import sys
 import time
 from typing import IO, Any
 
-from gpufleet.core.env import Env
+from gpufleet.core.env import Env, Platform
 from gpufleet.core.exitcodes import ExitCode
 from gpufleet.train.peerloss import survivable
 
@@ -87,12 +87,12 @@ def _rejoin(reason: str, abort_s: float) -> None:
     from gpufleet.core import events as E
     from gpufleet.core.ledger import PipeSink
 
-    fd = os.environ.get(Env.CONTROL_FD)
-    if not fd:
+    fd = Env.CONTROL_FD.get()
+    if fd is None:
         return
-    rank = int(os.environ.get("RANK", "0"))
+    rank = Platform.RANK.get()
     try:
-        PipeSink(int(fd), rank).emit(E.Rejoin(reason=reason[:300], abort_s=round(abort_s, 6)))
+        PipeSink(fd, rank).emit(E.Rejoin(reason=reason[:300], abort_s=round(abort_s, 6)))
     except (OSError, ValueError):
         pass  # no usable channel: the supervisor still sees the failure and orders us
 

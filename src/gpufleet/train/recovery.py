@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from gpufleet.core import events as E
+from gpufleet.core.env import Platform
 from gpufleet.core.errors import GpufleetError
 from gpufleet.core.exitcodes import ExitCode
 from gpufleet.core.ledger import EventSink
@@ -148,7 +149,8 @@ class Recovery:
         import gpufleet.reliability.interval  # noqa: F401
         import gpufleet.train.exactddp  # noqa: F401
 
-        ready = os.environ.pop(Env.SPARE_READY, None)
+        ready = Env.SPARE_READY.get()
+        os.environ.pop(Env.SPARE_READY, None)  # a rank this spare becomes must not see it
         if ready:  # built: the backend may now promote it as it is (a spare still building is not hot)
             with open(ready, "w"):
                 pass
@@ -161,7 +163,7 @@ class Recovery:
         finally:
             if preloader is not None:
                 preloader.stop()
-        rank = int(os.environ.get("RANK", "0"))
+        rank = Platform.RANK.get()
         if rank != self.spare:
             raise RebuildRound(f"a spare built for rank {self.spare} was promoted to rank {rank}")
         self.spare = None

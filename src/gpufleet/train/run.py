@@ -26,8 +26,10 @@ import torch
 import torch.distributed as dist
 
 from gpufleet.core import events as E
+from gpufleet.core.env import Platform
 from gpufleet.core.errors import ConfigError, GpufleetError
 from gpufleet.core.exitcodes import ExitCode
+from gpufleet.core.launch import LaunchEnv
 from gpufleet.core.ledger import EventSink, Ledger, NullSink, PipeSink
 from gpufleet.core.settings import Env, RunSettings, read_env
 from gpufleet.train.checkpointing import Checkpointer
@@ -56,9 +58,8 @@ def _setup_distributed(choice: str, *, placeholder: bool = False) -> tuple[int, 
     spare has a round to join."""
     from gpufleet.backends.resources import dist_plan
 
-    rank = int(os.environ.get("RANK", "0"))
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    local = int(os.environ.get("LOCAL_RANK", str(rank)))
+    place = LaunchEnv.from_environ()
+    rank, world, local = place.rank, place.world_size, place.local_rank
     plan = dist_plan(choice, local, torch.cuda.device_count() if torch.cuda.is_available() else 0)
     device = torch.device(plan.device)
     if device.type == "cuda":
@@ -104,7 +105,7 @@ class Run:
         self.is_main = self.rank == 0
         self.supervised = settings.control_fd is not None
         # Under the in-process harness: a peer's death is survived in place at the step boundary.
-        in_place = self.supervised and self.world_size > 1 and os.environ.get(Env.IN_PROCESS) == "1"
+        in_place = self.supervised and self.world_size > 1 and Env.IN_PROCESS.get()
         self._recovery = Recovery(spare=spare_rank, in_place=in_place)
         self.sink: EventSink
         if spare_rank is not None:
@@ -622,7 +623,7 @@ def init(**kwargs: Any) -> Run:
     try:
         settings = RunSettings.load(**kwargs)
     except ConfigError as e:
-        if os.environ.get(Env.CONTROL_FD):
+        if Env.CONTROL_FD.raw():
             _exit_config_error(str(e))
         raise
     return Run(settings, kwargs)
@@ -630,13 +631,13 @@ def init(**kwargs: Any) -> Run:
 
 def _exit_config_error(message: str) -> NoReturn:
     """Under a supervisor: the message to the supervisor (which prints it once), then exit 78 (no restart)."""
-    rank = os.environ.get("RANK", "0")
+    rank = Platform.RANK.raw() or "0"  # raw: this path reports bad settings and must not raise
     # A control line like the heartbeat, read by the supervisor's monitor and never written to the
     # ledger (the settings that would name the run are what failed). Short enough for one atomic write.
     line = {"ev": "config_error", "t": time.time(), "rank": int(rank) if rank.isdigit() else 0}
     line["message"] = message[:1000]
     try:
-        os.write(int(os.environ[Env.CONTROL_FD]), (json.dumps(line) + "\n").encode())
+        os.write(int(Env.CONTROL_FD.raw() or ""), (json.dumps(line) + "\n").encode())
     except (ValueError, OSError):
         print(f"gpufleet: error: {message}", file=sys.stderr, flush=True)  # no usable channel
     sys.stdout.flush()

@@ -180,7 +180,7 @@ def test_engine_restores_from_memory_first_then_disk_when_the_copy_is_corrupt(tm
     assert res is not None and res.step == 2 and res.source == "memory"
     assert res.path == str(tmp_path / "mem" / "step_00000002")
     assert torch.equal(out["model"]["w"], state(2)["model"]["w"]) and out["step"] == 2
-    assert sink2.of(E.CKPT_VERIFIED)[0]["source"] == "memory"
+    assert sink2.of(E.CkptVerified.kind)[0]["source"] == "memory"
     # Corrupt the memory copy: rejected by its checksum, the same step comes from disk.
     shard = max((tmp_path / "mem" / "step_00000002").glob("*.distcp"), key=lambda p: p.stat().st_size)
     with open(shard, "r+b") as f:
@@ -192,7 +192,7 @@ def test_engine_restores_from_memory_first_then_disk_when_the_copy_is_corrupt(tm
     out = blank()
     res = engine(tmp_path, 4 << 20, sink3).load(out)
     assert res is not None and res.step == 2 and res.source == "local"
-    (rej,) = sink3.of(E.RESTORE_REJECTED)
+    (rej,) = sink3.of(E.RestoreRejected.kind)
     assert rej["path"] == str(tmp_path / "mem" / "step_00000002") and "checksum mismatch" in rej["reason"]
     assert torch.equal(out["model"]["w"], state(2)["model"]["w"])
 
@@ -205,7 +205,7 @@ def test_engine_over_budget_says_so_and_saves_go_on(tmp_path: Path, capfd) -> No
     assert "warning: step 1 not kept in memory" in capfd.readouterr().err
     (m,) = sink.of(E.CkptMemory.kind)
     assert not m["kept"] and m["bytes"] > m["budget_bytes"] == 100_000 and "larger than" in m["reason"]
-    assert len(sink.of(E.CKPT_COMMITTED)) == 1
+    assert len(sink.of(E.CkptCommitted.kind)) == 1
     res = engine(tmp_path, 100_000).load(blank())
     assert res is not None and res.source == "local"
 

@@ -17,4 +17,3 @@ def test_an_explicit_setting_wins():
 def test_the_default_follows_the_cpu(monkeypatch, native):
     monkeypatch.setattr(cm, "native_bf16", lambda: native)
     assert cm.use_bf16(None) is native
-

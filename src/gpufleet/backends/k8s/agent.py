@@ -20,7 +20,8 @@ import time
 from gpufleet.backends.agent import Agent, exit_report
 from gpufleet.backends.base import LaunchSpec
 from gpufleet.backends.channel import connect, send_hello
-from gpufleet.core.env import Env, read_env
+from gpufleet.core.env import Env, Platform
+from gpufleet.core.launch import node_name
 
 __all__ = ["CHANNEL_ENV", "agent_main", "prestop", "main"]
 
@@ -47,31 +48,32 @@ def _control(sock: socket.socket) -> None:
 
 def agent_main() -> int:
     """The worker pod's entry: connect, say hello, relay events on the connection, obey requests."""
-    raw, channel = os.environ.get(Env.AGENT_SPEC), os.environ.get(CHANNEL_ENV)
+    raw, channel = Env.AGENT_SPEC.get(), Env.K8S_CHANNEL.get()
     if not raw or not channel or " " not in channel:
-        print(f"gpufleet k8s agent: ${Env.AGENT_SPEC} and ${CHANNEL_ENV} must be set", file=sys.stderr)
+        print(f"gpufleet k8s agent: ${Env.AGENT_SPEC} and ${Env.K8S_CHANNEL} must be set", file=sys.stderr)
         return 2
     address, token = channel.split(" ", 1)
     spec = LaunchSpec(**json.loads(raw))
-    spec.node_rank = int(os.environ.get("JOB_COMPLETION_INDEX", spec.node_rank))
+    index = Platform.JOB_COMPLETION_INDEX.get()
+    spec.node_rank = spec.node_rank if index is None else index
     if spec.log_dir is None:  # worker output must never reach stdout: that is the event channel
         spec.log_dir = os.path.join(spec.env[Env.RUN_DIR], "logs")
-    node = os.environ.get(Env.NODE) or socket.gethostname()
+    node, grace_s = node_name(), Env.AGENT_GRACE.get()
     host, _, port = address.rpartition(":")
-    sock = connect(host, int(port), read_env(Env.AGENT_GRACE, float, 5.0) * 60)
+    sock = connect(host, int(port), grace_s * 60)
     sock.settimeout(None)  # blocking from here: the channel is quiet for as long as training needs
     send_hello(sock, token, str(spec.node_rank), node)
     os.dup2(sock.fileno(), 1)
     threading.Thread(target=_control, args=(sock,), daemon=True).start()
-    return Agent(spec, node, read_env(Env.AGENT_GRACE, float, 5.0)).run()
+    return Agent(spec, node, grace_s).run()
 
 
 def prestop(wait_s: float, pid: int = 1) -> int:
     """The pod's preStop hook: ask the agent (PID 1) for a final checkpoint, wait until it has exited
     its ranks (its exit report exists) or ``wait_s`` passed; Kubernetes sends SIGTERM after."""
-    raw = os.environ.get(Env.AGENT_SPEC, "{}")
+    raw = Env.AGENT_SPEC.get()
     spec = json.loads(raw) if raw else {}
-    node = os.environ.get(Env.NODE) or socket.gethostname()
+    node = node_name()
     try:
         os.kill(pid, signal.SIGUSR1)
     except (ProcessLookupError, PermissionError):

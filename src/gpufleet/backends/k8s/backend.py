@@ -162,9 +162,9 @@ class K8sJobsBackend(Backend):
         from gpufleet.backends.k8s.manifests import K8sJob
 
         del standby, min_nodes  # the cluster's scheduler finds a replacement node; no shrinking
-        raw = job_json or os.environ.get(JOB_ENV)
+        raw = job_json or Env.K8S_JOB.get()
         if not raw:
-            raise ConfigError(f"the k8s-jobs backend runs in the supervisor pod (${JOB_ENV} unset)")
+            raise ConfigError(f"the k8s-jobs backend runs in the supervisor pod (${Env.K8S_JOB} unset)")
         self.job = K8sJob.from_json(raw)
         self.want = nodes or self.job.nodes
         self.connect_timeout = connect_timeout

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpufleet.core.env import Env
 from gpufleet.core.errors import ConfigError
 
 __all__ = [
@@ -93,7 +94,7 @@ class K8sJob:
     """The supervisor's event-channel port."""
     master_port: int = MASTER_PORT
     """torch.distributed's rendezvous port on pod 0."""
-    agent_grace_s: float = 5.0
+    agent_grace_s: float = Env.AGENT_GRACE.default
     """How long a node agent gives its ranks between SIGTERM and SIGKILL."""
 
     def __post_init__(self) -> None:
@@ -204,8 +205,8 @@ def supervisor_objects(job: K8sJob) -> list[dict[str, Any]]:
                                 "image": job.image,
                                 "command": argv,
                                 "env": [
-                                    {"name": "GPUFLEET_K8S_JOB", "value": job.to_json()},
-                                    {"name": "GPUFLEET_FLEET_DIR", "value": f"{job.run_mount}/fleet"},
+                                    {"name": Env.K8S_JOB, "value": job.to_json()},
+                                    {"name": Env.FLEET_DIR, "value": f"{job.run_mount}/fleet"},
                                 ],
                                 "ports": [{"name": "events", "containerPort": job.event_port}],
                                 "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}},
@@ -290,7 +291,7 @@ def worker_job(
     launch = {
         "command": command or job.command,
         "nproc_per_node": nproc_per_node or job.nproc_per_node,
-        "env": {"GPUFLEET_RUN_DIR": job.run_mount, **(spec_env or {})},
+        "env": {Env.RUN_DIR: job.run_mount, **(spec_env or {})},
         "nnodes": m,
         "master_addr": master_addr(job, attempt),
         "master_port": job.master_port,
@@ -336,14 +337,14 @@ def worker_job(
                             "image": job.image,
                             "command": ["python", "-m", "gpufleet.backends.k8s"],
                             "env": [
-                                {"name": "GPUFLEET_AGENT_SPEC", "value": json.dumps(launch, sort_keys=True)},
+                                {"name": Env.AGENT_SPEC, "value": json.dumps(launch, sort_keys=True)},
                                 {
-                                    "name": "GPUFLEET_K8S_CHANNEL",
+                                    "name": Env.K8S_CHANNEL,
                                     "value": f"{job.name}-supervisor:{job.event_port} {token}",
                                 },
-                                {"name": "GPUFLEET_AGENT_GRACE", "value": f"{job.agent_grace_s:g}"},
+                                {"name": Env.AGENT_GRACE, "value": Env.AGENT_GRACE.format(job.agent_grace_s)},
                                 {
-                                    "name": "GPUFLEET_NODE",
+                                    "name": Env.NODE,
                                     "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}},
                                 },
                             ],
@@ -425,8 +426,8 @@ def health_daemonset(image: str, namespace: str = "default", interval_s: int = 3
                                     "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}},
                                 },
                                 {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
-                                {"name": "GPUFLEET_KERNEL_LOG", "value": "/host/dev/kmsg"},
-                                {"name": "GPUFLEET_FLEET_DIR", "value": "/var/lib/gpufleet/fleet"},
+                                {"name": Env.KERNEL_LOG, "value": "/host/dev/kmsg"},
+                                {"name": Env.FLEET_DIR, "value": "/var/lib/gpufleet/fleet"},
                             ],
                             "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
                             "volumeMounts": [

@@ -13,7 +13,7 @@ import sys
 
 from gpufleet.backends.agent import Agent
 from gpufleet.backends.base import LaunchSpec
-from gpufleet.core.env import Env, read_env
+from gpufleet.core.env import Env
 
 __all__ = ["main"]
 
@@ -30,8 +30,7 @@ def _die_with_parent() -> None:
 
 
 def main() -> int:
-    raw = os.environ.get(Env.AGENT_SPEC)
-    node = os.environ.get(Env.NODE)
+    raw, node = Env.AGENT_SPEC.get(), Env.NODE.get()
     if not raw or not node:
         print(
             "gpufleet ray agent: $GPUFLEET_AGENT_SPEC/$GPUFLEET_NODE unset (the ray backend sets them)",
@@ -42,4 +41,4 @@ def main() -> int:
     spec = LaunchSpec(**json.loads(raw))
     if spec.log_dir is None:  # worker output must never reach stdout: that is the event channel
         spec.log_dir = os.path.join(spec.env[Env.RUN_DIR], "logs")
-    return Agent(spec, node, read_env(Env.AGENT_GRACE, float, 5.0)).run()
+    return Agent(spec, node, Env.AGENT_GRACE.get()).run()

@@ -51,7 +51,7 @@ from gpufleet.backends.base import CONTINUE, Attempt, Backend, Blame, LaunchSpec
 from gpufleet.backends.channel import read_hello, send_hello
 from gpufleet.backends.process import PipeChannel
 from gpufleet.core import events as E
-from gpufleet.core.env import Env
+from gpufleet.core.env import Env, Platform
 from gpufleet.core.errors import ConfigError
 from gpufleet.core.ledger import EventSink
 
@@ -93,7 +93,7 @@ def connect(address: str | None = None) -> bool:
         return False
     import logging
 
-    target = address or os.environ.get("RAY_ADDRESS") or "auto"
+    target = address or Platform.RAY_ADDRESS.get() or "auto"
     _reachable(target)
     try:
         ray.init(
@@ -181,7 +181,7 @@ class NodeAgent:
             **os.environ,
             **spec["env"],
             Env.AGENT_SPEC: spec_json,
-            Env.AGENT_GRACE: str(grace_s),
+            Env.AGENT_GRACE: Env.AGENT_GRACE.format(grace_s),
             Env.NODE: self.node,
         }
         sock = socket.create_connection(channel, timeout=30)
@@ -343,7 +343,7 @@ class RayBackend(Backend):
         node_failures: int = 2,
         placement_timeout: float = 60.0,
         launch_timeout: float = 120.0,
-        agent_grace_s: float = 5.0,
+        agent_grace_s: float = Env.AGENT_GRACE.default,
         probe_timeout: float = 5.0,
     ) -> None:
         del standby  # no standby interpreters across Ray nodes (each attempt starts fresh agents)

@@ -218,9 +218,7 @@ class RayActions(NodeActions):
 
     platform: ClassVar[E.NodePlatform] = E.NodePlatform.RAY
 
-    def __init__(
-        self, fleet: str | os.PathLike[str] | None = None, resource: str = RESOURCE
-    ) -> None:
+    def __init__(self, fleet: str | os.PathLike[str] | None = None, resource: str = RESOURCE) -> None:
         super().__init__(fleet=fleet)
         self.resource = resource
         self.outcome = ""

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from gpufleet.core import events as E
+from gpufleet.core.env import Platform
 from gpufleet.core.exitcodes import ExitCode
 from gpufleet.core.ledger import EventSink
 from gpufleet.health.actions import Breaker, NodeActionError, NodeActions, make_reason, owned
@@ -192,7 +193,7 @@ def main(argv: list[str]) -> int:
         print(usage, file=sys.stderr)
         return ExitCode.USAGE
     sep = argv.index("--")
-    node = argv[1] if sep > 1 else os.environ.get("SLURMD_NODENAME", "")
+    node = argv[1] if sep > 1 else Platform.SLURMD_NODENAME.get()
     if not node:
         print("gpufleet: healthcheck: no node name (SLURMD_NODENAME unset)", file=sys.stderr)
         return ExitCode.USAGE

@@ -32,8 +32,16 @@ from gpufleet.backends.slurm.srun import REQUEUE_MARK
 from gpufleet.core.errors import ConfigError, UsageError
 
 __all__ = [
-    "SlurmSubmitter", "SbatchSpec", "Submission", "submit_batch", "render_sbatch", "time_limit_s",
-    "write_sbatch", "submit", "exclusions", "parse_jobid",
+    "SlurmSubmitter",
+    "SbatchSpec",
+    "Submission",
+    "submit_batch",
+    "render_sbatch",
+    "time_limit_s",
+    "write_sbatch",
+    "submit",
+    "exclusions",
+    "parse_jobid",
 ]
 
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
@@ -127,10 +135,24 @@ def render_sbatch(spec: SbatchSpec) -> str:
         lines.append(f"#SBATCH --exclude={','.join(sorted(set(spec.exclude)))}")
     lines += [f"#SBATCH {a}" for a in spec.sbatch_args]
     inner = [
-        spec.python, "-m", "gpufleet.cli.main", "run", "--backend", "srun",
-        "--nodes", str(spec.nodes), "--min-nodes", str(spec.min_nodes or spec.nodes),
-        "--nproc-per-node", str(spec.nproc_per_node), "--run-dir", run_dir, "--no-progress",
-        *spec.supervisor_flags, "--", *spec.command,
+        spec.python,
+        "-m",
+        "gpufleet.cli.main",
+        "run",
+        "--backend",
+        "srun",
+        "--nodes",
+        str(spec.nodes),
+        "--min-nodes",
+        str(spec.min_nodes or spec.nodes),
+        "--nproc-per-node",
+        str(spec.nproc_per_node),
+        "--run-dir",
+        run_dir,
+        "--no-progress",
+        *spec.supervisor_flags,
+        "--",
+        *spec.command,
     ]
     mark = f"{run_dir}/{REQUEUE_MARK}"
     body = f"""

@@ -34,7 +34,7 @@ from gpufleet.backends.agent import exit_report
 from gpufleet.backends.base import CONTINUE, Attempt, Backend, Blame, LaunchSpec, Verdict, Worker
 from gpufleet.backends.process import ProcessAttempt
 from gpufleet.core import events as E
-from gpufleet.core.env import Env
+from gpufleet.core.env import Env, Platform
 from gpufleet.core.errors import ConfigError
 from gpufleet.core.ledger import EventSink
 
@@ -104,10 +104,10 @@ class SrunBackend(Backend):
         srun: str = "srun",
         python: str | None = None,
         probe_timeout: float = 8.0,
-        agent_grace_s: float = 5.0,
+        agent_grace_s: float = Env.AGENT_GRACE.default,
     ) -> None:
         del standby  # no standby interpreters across srun (each attempt is a new step)
-        listed = nodelist or os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
+        listed = nodelist or Platform.SLURM_JOB_NODELIST.get() or Platform.SLURM_NODELIST.get()
         if not listed:
             raise ConfigError("the srun backend runs inside a Slurm allocation (no SLURM_JOB_NODELIST)")
         self.all_nodes = list(listed) if isinstance(listed, list) else hostnames(listed)
@@ -149,7 +149,7 @@ class SrunBackend(Backend):
                 **os.environ,
                 **spec.env,
                 Env.AGENT_SPEC: json.dumps(asdict(sub)),
-                Env.AGENT_GRACE: str(self.agent_grace_s),
+                Env.AGENT_GRACE: Env.AGENT_GRACE.format(self.agent_grace_s),
             }
             r, w = os.pipe()
             with open(log_dir / f"srun-{node}.log", "ab") as err:
@@ -188,9 +188,9 @@ class SrunBackend(Backend):
         supervisor's own exit frees the batch node's alone. One short srun step per reachable node, all
         at once (a node judged lost is skipped: its step would only wait for the timeout)."""
         spec, self._spec = self._spec, None
-        if spec is None or spec.env.get(Env.MEMORY_TIER, "0") in ("", "0"):
+        if spec is None or Env.MEMORY_TIER.get(spec.env) in ("", "0"):
             return
-        ckpt = spec.env.get(Env.CKPT_DIR) or str(Path(spec.env[Env.RUN_DIR]) / "checkpoints")
+        ckpt = Env.CKPT_DIR.get(spec.env) or str(Path(spec.env[Env.RUN_DIR]) / "checkpoints")
         code = "import sys; from gpufleet.checkpoint.storage.memory import release; release(sys.argv[1])"
         env = {**os.environ, **spec.env}
         procs = [
@@ -247,7 +247,7 @@ class SrunBackend(Backend):
                 self.lost.append(slow)
         for node in lost:
             reason = f"agent vanished in attempt {number} and srun probe failed"
-            job = os.environ.get("SLURM_JOB_ID")
+            job = Platform.SLURM_JOB_ID.get()
             ledger.emit(E.NodeLost(node=node, attempt=number, reason=reason, job=job))
             self._isolate(node, reason, ledger, check="node-lost")
             self.healthy.remove(node)

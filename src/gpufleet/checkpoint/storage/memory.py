@@ -22,7 +22,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,30 +39,26 @@ from gpufleet.checkpoint.manifest import (
 from gpufleet.checkpoint.verify import xxh3_hex
 from gpufleet.core.env import Env, read_env
 from gpufleet.core.errors import ConfigError
+from gpufleet.core.launch import node_name
 
 __all__ = [
     "KeepResult",
     "MemoryKeeper",
     "keeper_dir",
     "manifest_bytes",
-    "node_name",
     "release",
 ]
 
 _CHUNK = 8 << 20
 
 
-def node_name() -> str:
-    """This node's name: Slurm's (``SLURMD_NODENAME``, set in every job step) else the host name."""
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-
-
 def keeper_dir(ckpt_dir: str | os.PathLike[str], root: str | os.PathLike[str] | None = None) -> Path:
     """This node's keeper directory for a checkpoint directory: the same one for every attempt of a
     run (the restarted workers find it), another for another checkpoint directory.
 
-    ``%n`` in the root (``GPUFLEET_MEMORY_TIER_DIR``) is this node's name (:func:`node_name`): several
-    nodes that share one host's ``/dev/shm`` (the CI's one-host Slurm cluster) each get their own."""
+    ``%n`` in the root (``GPUFLEET_MEMORY_TIER_DIR``) is this node's name
+    (:func:`gpufleet.core.launch.node_name`): several nodes that share one host's ``/dev/shm`` (the
+    CI's one-host Slurm cluster) each get their own."""
     raw = str(root if root is not None else read_env(Env.MEMORY_TIER_DIR, str, "/dev/shm"))
     base = Path(raw.replace("%n", node_name()))
     key = hashlib.sha1(os.path.realpath(ckpt_dir).encode()).hexdigest()[:16]

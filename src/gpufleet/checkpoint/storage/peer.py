@@ -81,6 +81,8 @@ from gpufleet.checkpoint.manifest import (
 from gpufleet.checkpoint.storage.memory import MemoryKeeper, manifest_bytes
 from gpufleet.checkpoint.verify import hash_file, xxh3_hex
 from gpufleet.core import events as E
+from gpufleet.core.env import Platform
+from gpufleet.core.launch import LaunchEnv
 
 __all__ = ["Topology", "PeerTier", "node_part", "split_parts", "plan_restore"]
 
@@ -91,12 +93,10 @@ RESTORE_DIR = "restore"
 
 
 def _node_from_env(rank: int) -> int:
-    for var in ("GROUP_RANK", "NODE_RANK"):
-        raw = os.environ.get(var, "")
-        if raw.isdigit():
-            return int(raw)
-    local = os.environ.get("LOCAL_WORLD_SIZE", "")
-    return rank // int(local) if local.isdigit() and int(local) > 0 else 0
+    for var in (Platform.GROUP_RANK, Platform.NODE_RANK):
+        if var.raw():
+            return var.get()
+    return rank // LaunchEnv.from_environ().local_world_size
 
 
 @dataclass(frozen=True)

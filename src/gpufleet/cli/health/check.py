@@ -28,6 +28,7 @@ def register(app: typer.Typer) -> None:
     app.command("check")(check)
     app.command("watch")(watch)
 
+
 PlanOpt = Annotated[str, typer.Option("--plan", help="quick | postfail | acceptance, or a plan TOML file.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the gpufleet.health/1 JSON report.")]
 NodeOpt = Annotated[

@@ -25,7 +25,7 @@ from typing import Annotated
 
 import typer
 
-from gpufleet.core.env import Env
+from gpufleet.core.env import Env, Platform
 
 __all__ = ["register", "render", "install"]
 
@@ -74,13 +74,13 @@ def render(
         + "\n".join(env)
         + "\n# No Slurm commands in a prolog. Exit 1 = problem: Slurm drains the node and requeues the job.\n"
         + f"timeout 30 {quick} >/dev/null 2>&1\n"
-        + "rc=$?\n[ \"$rc\" -eq 1 ] && exit 1\nexit 0  # ok, or undecided: never drain on uncertainty\n"
+        + 'rc=$?\n[ "$rc" -eq 1 ] && exit 1\nexit 0  # ok, or undecided: never drain on uncertainty\n'
     )
     epilog = (
         head
         + "\n".join(env)
         + "\n# Deeper tier after a failed job only; drains through the owned-prefix path.\n"
-        + "[ \"${SLURM_JOB_EXIT_CODE:-0}\" = 0 ] && exit 0\n"
+        + '[ "${SLURM_JOB_EXIT_CODE:-0}" = 0 ] && exit 0\n'
         + f"timeout 290 {py} -m gpufleet.backends.slurm healthcheck {node} -- {postfail} >/dev/null 2>&1\n"
         + "exit 0\n"
     )
@@ -131,7 +131,7 @@ def slurm_config_command(
     ] = False,
     slurm_conf: Annotated[
         str, typer.Option(help="slurm.conf to edit; the scripts go next to it.")
-    ] = os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf"),
+    ] = Platform.SLURM_CONF.get(),
     interval: Annotated[int, typer.Option(help="HealthCheckInterval, seconds.")] = 300,
     check_command: Annotated[
         str | None, typer.Option(help="Quick check command (default: gpufleet health check --plan quick).")
@@ -139,14 +139,17 @@ def slurm_config_command(
     gpufleet: Annotated[str | None, typer.Option(help="How the scripts invoke gpufleet.")] = None,
     fleet_dir: Annotated[
         str | None, typer.Option(help="Fleet state directory for the scripts (GPUFLEET_FLEET_DIR).")
-    ] = os.environ.get(Env.FLEET_DIR),
+    ] = Env.FLEET_DIR.get() or None,
     with_prolog: Annotated[bool, typer.Option(help="With --install: also set Prolog and Epilog.")] = False,
 ) -> int:
     """Print (or --install) the Slurm HealthCheckProgram, Prolog and Epilog that run gpufleet's tiers."""
     conf_dir = str(Path(slurm_conf).resolve().parent)
     scripts = render(
-        slurm_conf=str(Path(slurm_conf).resolve()), script_dir=conf_dir, interval=interval,
-        check_command=check_command, gpufleet=gpufleet,
+        slurm_conf=str(Path(slurm_conf).resolve()),
+        script_dir=conf_dir,
+        interval=interval,
+        check_command=check_command,
+        gpufleet=gpufleet,
         fleet_dir=str(Path(fleet_dir).resolve()) if fleet_dir else None,
     )
     if install_:

@@ -268,4 +268,3 @@ def bench(
         )
         return ExitCode.FAILED
     return 0
-

@@ -112,4 +112,3 @@ def mock_command(
         runner(serve())
     except KeyboardInterrupt:
         print("gpufleet serve mock: stopped", file=sys.stderr)
-

@@ -70,10 +70,19 @@ def pack_command(
     err = Console(stderr=True)
     for w in workloads:
         if not w.feasible:
-            err.print(f"[yellow]note:[/] plan {w.source} is marked infeasible (closest candidate); "
-                      "packing it anyway")
-    result = pack(workloads, fleet, anti_affinity=anti_affinity, time_limit=time_limit, workers=workers,
-                  seed=seed, solver=solver)
+            err.print(
+                f"[yellow]note:[/] plan {w.source} is marked infeasible (closest candidate); "
+                "packing it anyway"
+            )
+    result = pack(
+        workloads,
+        fleet,
+        anti_affinity=anti_affinity,
+        time_limit=time_limit,
+        workers=workers,
+        seed=seed,
+        solver=solver,
+    )
 
     from gpufleet.serve.pack.render import headline, plot_racks, tables, write_json
 
@@ -83,8 +92,10 @@ def pack_command(
         try:
             written.append(plot_racks(result, out / "racks.png"))
         except ImportError:
-            err.print("[yellow]note:[/] matplotlib is not installed; racks.png skipped "
-                      "(pip install 'gpufleet[plot]')")
+            err.print(
+                "[yellow]note:[/] matplotlib is not installed; racks.png skipped "
+                "(pip install 'gpufleet[plot]')"
+            )
     if json_out:
         typer.echo(json.dumps(doc, indent=2))
     else:

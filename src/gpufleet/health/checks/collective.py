@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+from gpufleet.core.env import Platform
 from gpufleet.core.ports import free_port
 from gpufleet.health.checks import Context, measured, register, result
 from gpufleet.health.results import CheckResult, Status
@@ -47,7 +48,8 @@ def allreduce(ctx: Context) -> list[CheckResult]:
     iters = int(ctx.param("iters", 5))
     port = free_port()
     timeout = ctx.remaining()
-    env = {**ctx.env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+    rendezvous = {Platform.MASTER_ADDR: "127.0.0.1", Platform.MASTER_PORT: Platform.MASTER_PORT.format(port)}
+    env = {**ctx.env, **rendezvous, "OMP_NUM_THREADS": "1"}
     procs = [
         subprocess.Popen(
             [
@@ -158,5 +160,5 @@ def _worker(rank: int, world: int, backend: str, mb: float, iters: int, timeout_
 
 if __name__ == "__main__":
     a = sys.argv[1:]
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.environ.setdefault(Platform.GLOO_SOCKET_IFNAME, "lo")
     _worker(int(a[0]), int(a[1]), a[2], float(a[3]), int(a[4]), int(a[5]))

@@ -163,7 +163,7 @@ def state(ctx: Context) -> list[CheckResult]:
 
 def kernel_log(ctx: Context) -> tuple[str | None, str]:
     """(text, where) of the kernel log: plan ``kernel_log`` file or $GPUFLEET_KERNEL_LOG, else a command."""
-    f = ctx.param("kernel_log", ctx.env.get(Env.KERNEL_LOG))
+    f = ctx.param("kernel_log", Env.KERNEL_LOG.get(ctx.env))
     if f:
         try:
             return Path(f).read_text(errors="replace"), str(f)

@@ -27,8 +27,8 @@ def _mem_total_bytes() -> float | None:
 def storage_paths(ctx: Context) -> list[Path]:
     """Storage/free-disk paths: plan ``paths``, else $GPUFLEET_HEALTH_PATHS, else the scratch dir."""
     raw = ctx.param("paths", None)
-    if raw is None and ctx.env.get(Env.HEALTH_PATHS):
-        raw = [p for p in ctx.env[Env.HEALTH_PATHS].split(os.pathsep) if p]
+    if raw is None:
+        raw = [p for p in Env.HEALTH_PATHS.get(ctx.env).split(os.pathsep) if p]
     return [Path(p) for p in raw] if raw else [ctx.scratch]
 
 
@@ -135,7 +135,7 @@ def parse_clock_offset(text: str) -> float | None:
 @register("host.clock", component="host", timeout_s=10)
 def clock(ctx: Context) -> list[CheckResult]:
     """Clock offset from a reference (params ``clock_file`` or ``clock_command``, default chronyc)."""
-    f = ctx.param("clock_file", ctx.env.get(Env.CLOCK_FILE))
+    f = ctx.param("clock_file", Env.CLOCK_FILE.get(ctx.env))
     if f:
         try:
             text = Path(f).read_text()

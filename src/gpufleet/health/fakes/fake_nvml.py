@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gpufleet.core.env import Env, read_env
+from gpufleet.core.env import Env
 
 NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 NVML_VOLATILE_ECC = 0
@@ -36,7 +36,7 @@ _state: dict[str, Any] = {}
 
 
 def nvmlInit() -> None:  # noqa: N802 (the NVML API's names)
-    path = read_env(Env.FAKE_NVML, str, "")
+    path = Env.FAKE_NVML.get()
     if not path:
         raise NVMLError(NVML_ERROR_DRIVER_NOT_LOADED, "Driver Not Loaded (GPUFLEET_FAKE_NVML unset)")
     with open(path) as f:

@@ -12,7 +12,12 @@ __getattr__, __all__ = attach(
         "calibrate": ["max_sustainable_rate", "calibrate", "cached_capacity"],
         "client": ["Api", "ClientConfig", "RequestRecord", "endpoint_url", "send"],
         "findmax": [
-            "LimitedBy", "Level", "SearchResult", "search_max_rate", "queue_growing", "falling_behind",
+            "LimitedBy",
+            "Level",
+            "SearchResult",
+            "search_max_rate",
+            "queue_growing",
+            "falling_behind",
         ],
         "levels": ["BenchOptions", "detect_model", "run_level", "find_max"],
         "live": ["LiveView", "summary_table"],

@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gpufleet.core.env import Env, read_env
+from gpufleet.core.env import Env
 from gpufleet.serve.bench.arrivals import parse_arrival
 from gpufleet.serve.bench.client import ClientConfig, endpoint_url
 from gpufleet.serve.bench.findmax import Level, search_max_rate
@@ -49,29 +49,49 @@ def max_sustainable_rate(
     "send_lag_p99_ms", "achieved_send_rate", "failed"}...], "limited_by", "stable"}``.
     """
     cfg = ClientConfig(endpoint_url(url, api), model, api, timeout_s=30.0)
-    base = LoadPlan(cfg, parse_spec(workload, seed), arrival=parse_arrival(arrival), duration_s=duration_s,
-                    seed=seed, processes=processes)
+    base = LoadPlan(
+        cfg,
+        parse_spec(workload, seed),
+        arrival=parse_arrival(arrival),
+        duration_s=duration_s,
+        seed=seed,
+        processes=processes,
+    )
     levels: list[dict[str, Any]] = []
 
     def measure(rate: float) -> Level:
         res = run_load(replace(base, rate=rate))
         m = summarize_records(res.records, SLO(), offered_rate=rate, max_lag_ms=lag_p99_ms)
         ok = m["client"]["valid"] and m["requests"]["failed"] == 0 and not res.interrupted
-        levels.append({"rate": rate, "sustained": ok, "send_lag_p99_ms": m["client"]["send_lag_ms"]["p99"],
-                       "send_lag_p50_ms": m["client"]["send_lag_ms"]["p50"],
-                       "achieved_send_rate": m["rate"]["achieved_send_per_s"],
-                       "failed": m["requests"]["failed"], "errors": m["errors"]})
+        levels.append(
+            {
+                "rate": rate,
+                "sustained": ok,
+                "send_lag_p99_ms": m["client"]["send_lag_ms"]["p99"],
+                "send_lag_p50_ms": m["client"]["send_lag_ms"]["p50"],
+                "achieved_send_rate": m["rate"]["achieved_send_per_s"],
+                "failed": m["requests"]["failed"],
+                "errors": m["errors"],
+            }
+        )
         return Level(rate, 1.0 if ok else 0.0, client_valid=True, stable=True)
 
     r = search_max_rate(measure, 1.0, start_rate, max_rate=max_rate, rel_tol=rel_tol, max_levels=14)
-    return {"max_rate": r.max_rate, "lag_p99_ms_limit": lag_p99_ms, "processes": processes,
-            "duration_s": duration_s, "arrival": arrival, "workload": workload, "stable": r.stable,
-            "limited_by": r.limited_by, "levels": levels}
+    return {
+        "max_rate": r.max_rate,
+        "lag_p99_ms_limit": lag_p99_ms,
+        "processes": processes,
+        "duration_s": duration_s,
+        "arrival": arrival,
+        "workload": workload,
+        "stable": r.stable,
+        "limited_by": r.limited_by,
+        "levels": levels,
+    }
 
 
 def cache_path() -> Path:
-    default = os.path.join(os.path.expanduser("~"), ".cache", "gpufleet")
-    root = read_env(Env.CACHE_DIR, str, default)
+    root = Env.CACHE_DIR.get() or os.path.join(os.path.expanduser("~"), ".cache", "gpufleet")
     return Path(root) / "serve-calibration.json"
 
 
@@ -83,8 +103,9 @@ def cached_capacity(processes: int) -> float | None:
         return None
 
 
-def calibrate(processes: int = 1, lag_p99_ms: float = 2.0, duration_s: float = 3.0,
-              null_workers: int = 1) -> dict[str, Any]:
+def calibrate(
+    processes: int = 1, lag_p99_ms: float = 2.0, duration_s: float = 3.0, null_workers: int = 1
+) -> dict[str, Any]:
     """Start the null endpoint, measure, store the result in the cache, return it."""
     from gpufleet.serve.bench.null_endpoint import start_null_endpoint
 

@@ -98,8 +98,12 @@ def endpoint_url(base: str, api: Api) -> str:
 
 
 def build_body(cfg: ClientConfig, spec: RequestSpec) -> bytes:
-    body: dict[str, Any] = {"model": cfg.model, "stream": True, "max_tokens": spec.output_tokens,
-                            "stream_options": {"include_usage": True}}
+    body: dict[str, Any] = {
+        "model": cfg.model,
+        "stream": True,
+        "max_tokens": spec.output_tokens,
+        "stream_options": {"include_usage": True},
+    }
     if cfg.api == "chat":
         body["messages"] = [{"role": "user", "content": spec.prompt}]
     else:

@@ -59,33 +59,48 @@ def detect_model(base_url: str, timeout_s: float = 5.0) -> tuple[str | None, str
 
 
 def level_summary(plan: LoadPlan, res: LoadResult, opts: BenchOptions) -> dict[str, Any]:
-    m = summarize_records(res.records, opts.slo, offered_rate=plan.rate, max_lag_ms=opts.max_lag_ms,
-                          open_loop=not plan.concurrency)
+    m = summarize_records(
+        res.records,
+        opts.slo,
+        offered_rate=plan.rate,
+        max_lag_ms=opts.max_lag_ms,
+        open_loop=not plan.concurrency,
+    )
     growing = queue_growing(res.records)
     behind = bool(plan.rate and not plan.concurrency and falling_behind(res.records))
     flags = []
     if opts.client_capacity and plan.rate and plan.rate > opts.client_capacity:
-        flags.append(f"offered rate {plan.rate:g}/s is above this client's calibrated capacity "
-                     f"{opts.client_capacity:.0f}/s")
+        flags.append(
+            f"offered rate {plan.rate:g}/s is above this client's calibrated capacity "
+            f"{opts.client_capacity:.0f}/s"
+        )
     if m["tokens"]["source"] == "estimate":
-        flags.append("output token counts are ESTIMATES (4 chars/token): the server sent no usage; "
-                     "pass --tokenizer PATH for exact counts")
+        flags.append(
+            "output token counts are ESTIMATES (4 chars/token): the server sent no usage; "
+            "pass --tokenizer PATH for exact counts"
+        )
     return {
         "schema": "gpufleet.serve.summary",
         "version": SUMMARY_VERSION,
         "created_unix": time.time(),
         "started_unix": res.started_unix,
-        "valid": m["client"]["valid"] and not (opts.client_capacity and plan.rate
-                                                and plan.rate > opts.client_capacity),
+        "valid": m["client"]["valid"]
+        and not (opts.client_capacity and plan.rate and plan.rate > opts.client_capacity),
         "interrupted": res.interrupted,
         "flags": flags,
         "target": {"url": plan.client.url, "model": plan.client.model, "api": plan.client.api},
         "load": {
             "mode": "concurrency" if plan.concurrency else "rate",
-            "rate": plan.rate, "arrival": None if plan.concurrency else str(plan.arrival),
-            "concurrency": plan.concurrency, "requests": plan.requests, "duration_s": plan.duration_s,
-            "warmup_requests": plan.warmup_requests, "warmup_s": plan.warmup_s,
-            "processes": res.processes, "seed": plan.seed, "planned": res.planned,
+            "rate": plan.rate,
+            "arrival": None if plan.concurrency else str(plan.arrival),
+            "concurrency": plan.concurrency,
+            "requests": plan.requests,
+            "duration_s": plan.duration_s,
+            "warmup_requests": plan.warmup_requests,
+            "warmup_s": plan.warmup_s,
+            "processes": res.processes,
+            "seed": plan.seed,
+            "planned": res.planned,
             "sent": sum(1 for r in res.records if r.e2e_s is not None and r.error != "interrupted"),
         },
         "workload": plan.workload.describe(),
@@ -98,15 +113,25 @@ def level_summary(plan: LoadPlan, res: LoadResult, opts: BenchOptions) -> dict[s
 def _write_level(out: Path, plan: LoadPlan, res: LoadResult, s: dict[str, Any], plots: bool) -> None:
     write_json(out / "summary.json", s)
     write_csv(out / "requests.csv", res.records)
-    if plots and plot_cdfs(out / "latency_cdf.png", res.records, title=f"{plan.client.model} @ "
-                           f"{plan.rate or plan.concurrency}") is None:
+    if (
+        plots
+        and plot_cdfs(
+            out / "latency_cdf.png",
+            res.records,
+            title=f"{plan.client.model} @ {plan.rate or plan.concurrency}",
+        )
+        is None
+    ):
         s["flags"].append("plots skipped: matplotlib is not installed (pip install 'gpufleet[plot]')")
         write_json(out / "summary.json", s)
 
 
 def run_level(
-    plan: LoadPlan, opts: BenchOptions, out: Path | None = None,
-    on_progress: Callable[[Progress], None] | None = None, stop: Any = None,
+    plan: LoadPlan,
+    opts: BenchOptions,
+    out: Path | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+    stop: Any = None,
 ) -> tuple[LoadResult, dict[str, Any]]:
     """Run one load level, summarize it and write its files into ``out`` (default ``opts.out``)."""
     res = run_load(plan, on_progress=on_progress, stop=stop)
@@ -135,8 +160,14 @@ def _point(s: dict[str, Any], recheck: bool) -> dict[str, Any]:
 
 
 def find_max(
-    plan: LoadPlan, opts: BenchOptions, target: float, *, start_rate: float, max_rate: float | None,
-    rel_tol: float = 0.05, on_level: Callable[[float], Callable[[Progress], None] | None] | None = None,
+    plan: LoadPlan,
+    opts: BenchOptions,
+    target: float,
+    *,
+    start_rate: float,
+    max_rate: float | None,
+    rel_tol: float = 0.05,
+    on_level: Callable[[float], Callable[[Progress], None] | None] | None = None,
     stop: Any = None,
 ) -> dict[str, Any]:
     """Search the max rate at ``target`` attainment; writes capacity.json (+ png) and each level."""
@@ -149,12 +180,23 @@ def find_max(
             return Level(rate, 0.0, client_valid=False, stable=False)
         n[0] += 1
         lp = replace(plan, rate=rate)
-        res, s = run_level(lp, opts, out=opts.out / "levels" / f"{n[0]:02d}-{rate:.3g}",
-                           on_progress=on_level(rate) if on_level else None, stop=stop)
+        res, s = run_level(
+            lp,
+            opts,
+            out=opts.out / "levels" / f"{n[0]:02d}-{rate:.3g}",
+            on_progress=on_level(rate) if on_level else None,
+            stop=stop,
+        )
         interrupted[0] = res.interrupted
         steady = not (s["queue_growing"] or s["falling_behind"])
-        lv = Level(rate, s["slo"]["attainment"], client_valid=s["valid"], stable=steady, summary=s,
-                   percentiles_met=s["slo"]["percentiles_met"])
+        lv = Level(
+            rate,
+            s["slo"]["attainment"],
+            client_valid=s["valid"],
+            stable=steady,
+            summary=s,
+            percentiles_met=s["slo"]["percentiles_met"],
+        )
         return lv
 
     def capacity(levels: list[Level], result: Any) -> dict[str, Any]:

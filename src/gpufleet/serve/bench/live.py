@@ -26,8 +26,9 @@ class LiveView:
 
     def __enter__(self) -> LiveView:
         if self.enabled:
-            self._live = Live(self._table(Progress()), console=self.console, auto_refresh=False,
-                              transient=True)
+            self._live = Live(
+                self._table(Progress()), console=self.console, auto_refresh=False, transient=True
+            )
             self._live.__enter__()
         return self
 
@@ -69,11 +70,23 @@ def summary_table(s: dict[str, Any]) -> Table:
     r, rq, sl, tok = s["rate"], s["requests"], s["slo"], s["tokens"]
     t.add_section()
     t.add_row("requests", f"ok {rq['ok']}", f"failed {rq['failed']}", f"good {rq['good']}", "", "")
-    t.add_row("rate (req/s)", f"offered {_f(r['offered_per_s'])}", f"sent {_f(r['achieved_send_per_s'])}",
-              f"done {_f(r['request_throughput_per_s'])}", "", "")
+    t.add_row(
+        "rate (req/s)",
+        f"offered {_f(r['offered_per_s'])}",
+        f"sent {_f(r['achieved_send_per_s'])}",
+        f"done {_f(r['request_throughput_per_s'])}",
+        "",
+        "",
+    )
     t.add_row("tokens", f"out {_f(tok['output_throughput_per_s'])}/s", f"source {tok['source']}", "", "", "")
-    t.add_row("SLO", f"attain {sl['attainment']:.1%}", f"goodput {sl['goodput_per_s']:.2f}/s",
-              ",".join(f"{k}<={v:g}ms" for k, v in sl["limits_ms"].items()) or "no SLO", "", "")
+    t.add_row(
+        "SLO",
+        f"attain {sl['attainment']:.1%}",
+        f"goodput {sl['goodput_per_s']:.2f}/s",
+        ",".join(f"{k}<={v:g}ms" for k, v in sl["limits_ms"].items()) or "no SLO",
+        "",
+        "",
+    )
     if s["errors"]:
         t.add_row("errors", ", ".join(f"{k}: {v}" for k, v in s["errors"].items()), "", "", "", "")
     return t

@@ -61,9 +61,7 @@ def _slo_percentiles(recs: Sequence[RequestRecord], slo: SLO) -> dict[str, float
     out: dict[str, float | None] = {}
     for m, lim in slo.limits.items():
         if lim.percentile is not None:
-            vals = sorted(
-                v if r.ok and (v := getattr(r, f"{m}_s")) is not None else math.inf for r in recs
-            )
+            vals = sorted(v if r.ok and (v := getattr(r, f"{m}_s")) is not None else math.inf for r in recs)
             out[lim.key(m)] = _q(vals, lim.percentile / 100) if vals else None
     return out
 
@@ -102,7 +100,8 @@ def summarize_records(
     )
     sched_rate = (
         (len(intended) - 1) / (intended[-1] - intended[0])
-        if len(intended) > 1 and intended[-1] > intended[0] else None
+        if len(intended) > 1 and intended[-1] > intended[0]
+        else None
     )
     lag = percentiles(lags)
     invalid: list[str] = []
@@ -115,8 +114,13 @@ def summarize_records(
         )
     itl = [g for r in ok for g in r.itl_s]
     return {
-        "requests": {"measured": n, "ok": len(ok), "failed": n - len(ok), "good": len(good),
-                     "warmup": len(records) - n},
+        "requests": {
+            "measured": n,
+            "ok": len(ok),
+            "failed": n - len(ok),
+            "good": len(good),
+            "warmup": len(records) - n,
+        },
         "errors": dict(sorted(errors.items())),
         "duration_s": duration,
         "rate": {

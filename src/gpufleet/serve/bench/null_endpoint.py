@@ -25,7 +25,8 @@ __all__ = ["NullEndpoint", "start_null_endpoint", "serve"]
 _CHUNK = 'data: {"choices":[{"index":0,"delta":{"content":"%s"},"finish_reason":%s}]}\n\n'
 _BODY = (
     'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
-    + _CHUNK % ("hi", "null") + _CHUNK % (" there", '"length"')
+    + _CHUNK % ("hi", "null")
+    + _CHUNK % (" there", '"length"')
     + 'data: {"choices":[],"usage":{"prompt_tokens":8,"completion_tokens":2,"total_tokens":10}}\n\n'
     + "data: [DONE]\n\n"
 ).encode()
@@ -61,10 +62,10 @@ class _Proto(asyncio.Protocol):
             length = 0
             i = head.lower().find(b"content-length:")
             if i >= 0:
-                length = int(head[i + 15:].split(b"\r\n", 1)[0].strip() or 0)
+                length = int(head[i + 15 :].split(b"\r\n", 1)[0].strip() or 0)
             if len(self.buf) < end + 4 + length:
                 break
-            self.buf = self.buf[end + 4 + length:]
+            self.buf = self.buf[end + 4 + length :]
             out.append(_MODELS if head.startswith(b"GET") else _RESPONSE)
         if out and self.transport is not None:
             self.transport.write(b"".join(out))
@@ -145,7 +146,8 @@ def start_null_endpoint(workers: int = 1, host: str = "127.0.0.1") -> NullEndpoi
     """Start ``python -m gpufleet.serve.bench.null_endpoint`` on a free port and wait for its URL."""
     proc = subprocess.Popen(
         [sys.executable, "-m", _MODULE, "--host", host, "--workers", str(workers)],
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()

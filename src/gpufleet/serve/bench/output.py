@@ -15,14 +15,38 @@ from typing import Any
 
 from gpufleet.serve.bench.client import RequestRecord
 
-__all__ = ["write_json", "write_csv", "plot_cdfs", "plot_capacity", "CSV_FIELDS",
-           "SUMMARY_VERSION", "CAPACITY_VERSION"]
+__all__ = [
+    "write_json",
+    "write_csv",
+    "plot_cdfs",
+    "plot_capacity",
+    "CSV_FIELDS",
+    "SUMMARY_VERSION",
+    "CAPACITY_VERSION",
+]
 
 SUMMARY_VERSION = 1
 CAPACITY_VERSION = 1
-CSV_FIELDS = ("index", "warmup", "intended_s", "sent_s", "lag_ms", "ttft_ms", "tpot_ms", "e2e_ms",
-              "output_tokens", "prompt_tokens", "token_source", "input_tokens_asked",
-              "output_tokens_asked", "chunks", "finish_reason", "error", "http_status", "error_detail")
+CSV_FIELDS = (
+    "index",
+    "warmup",
+    "intended_s",
+    "sent_s",
+    "lag_ms",
+    "ttft_ms",
+    "tpot_ms",
+    "e2e_ms",
+    "output_tokens",
+    "prompt_tokens",
+    "token_source",
+    "input_tokens_asked",
+    "output_tokens_asked",
+    "chunks",
+    "finish_reason",
+    "error",
+    "http_status",
+    "error_detail",
+)
 
 
 def write_json(path: Path, obj: dict[str, Any]) -> Path:
@@ -44,10 +68,28 @@ def write_csv(path: Path, records: Sequence[RequestRecord]) -> Path:
         w = csv.writer(f)
         w.writerow(CSV_FIELDS)
         for r in records:
-            w.writerow([r.index, int(r.warmup), f"{r.intended_s:.6f}", f"{r.sent_s:.6f}", _ms(r.lag_s),
-                        _ms(r.ttft_s), _ms(r.tpot_s), _ms(r.e2e_s), r.output_tokens or "",
-                        r.prompt_tokens or "", r.token_source, r.input_tokens_asked, r.output_tokens_asked,
-                        r.chunks, r.finish_reason, r.error, r.http_status or "", r.error_detail])
+            w.writerow(
+                [
+                    r.index,
+                    int(r.warmup),
+                    f"{r.intended_s:.6f}",
+                    f"{r.sent_s:.6f}",
+                    _ms(r.lag_s),
+                    _ms(r.ttft_s),
+                    _ms(r.tpot_s),
+                    _ms(r.e2e_s),
+                    r.output_tokens or "",
+                    r.prompt_tokens or "",
+                    r.token_source,
+                    r.input_tokens_asked,
+                    r.output_tokens_asked,
+                    r.chunks,
+                    r.finish_reason,
+                    r.error,
+                    r.http_status or "",
+                    r.error_detail,
+                ]
+            )
     return path
 
 

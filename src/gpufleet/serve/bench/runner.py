@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpufleet.core.env import Env, read_env
+from gpufleet.core.env import Env
 from gpufleet.serve.bench.arrivals import Arrival, schedule
 from gpufleet.serve.bench.client import ClientConfig, RequestRecord, build_body, send
 from gpufleet.serve.common.workload import TraceWorkload, Workload
@@ -64,8 +64,9 @@ class LoadPlan:
                 offs = [o for o in offs if o < self.duration_s]
             return offs
         assert self.rate is not None
-        return schedule(self.arrival, self.rate, count=self.requests, duration_s=self.duration_s,
-                        seed=self.seed)
+        return schedule(
+            self.arrival, self.rate, count=self.requests, duration_s=self.duration_s, seed=self.seed
+        )
 
 
 @dataclass
@@ -125,19 +126,26 @@ async def _worker_async(
         while True:
             if stop_evt.is_set():
                 stopping.set()
-            counters[base: base + _N] = [len(records), stats[0], stats[1], len(records) - stats[0]]
+            counters[base : base + _N] = [len(records), stats[0], stats[1], len(records) - stats[0]]
             await asyncio.sleep(0.1)
 
     conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60)
-    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None),
-                                     auto_decompress=False) as session:
+    async with aiohttp.ClientSession(
+        connector=conn, timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False
+    ) as session:
         watcher = asyncio.create_task(watch())
         perf = time.perf_counter
         if offsets is not None:
             mine = list(range(wid, len(offsets), P))
             bodies = [build_body(cfg, plan.workload.request(i)) for i in mine]
-            asked = [(plan.workload.request(i).input_tokens, plan.workload.request(i).output_tokens)
-                     for i in mine] if len(mine) <= 200_000 else [(0, 0)] * len(mine)
+            asked = (
+                [
+                    (plan.workload.request(i).input_tokens, plan.workload.request(i).output_tokens)
+                    for i in mine
+                ]
+                if len(mine) <= 200_000
+                else [(0, 0)] * len(mine)
+            )
             burst = 0
             for k, i in enumerate(mine):
                 if stopping.is_set():
@@ -153,8 +161,13 @@ async def _worker_async(
                     burst += 1
                     if burst % 32 == 0:
                         await asyncio.sleep(0)
-                rec = RequestRecord(i, offsets[i], input_tokens_asked=asked[k][0],
-                                    output_tokens_asked=asked[k][1], warmup=_is_warmup(plan, i, offsets[i]))
+                rec = RequestRecord(
+                    i,
+                    offsets[i],
+                    input_tokens_asked=asked[k][0],
+                    output_tokens_asked=asked[k][1],
+                    warmup=_is_warmup(plan, i, offsets[i]),
+                )
                 records.append(rec)
                 t = asyncio.create_task(send(session, cfg, bodies[k], rec, t0, tok))
                 tasks.add(t)
@@ -175,9 +188,13 @@ async def _worker_async(
                     next_idx[0] += P
                     spec = plan.workload.request(i)
                     intended = perf() - t0
-                    rec = RequestRecord(i, intended, input_tokens_asked=spec.input_tokens,
-                                        output_tokens_asked=spec.output_tokens,
-                                        warmup=_is_warmup(plan, i, intended))
+                    rec = RequestRecord(
+                        i,
+                        intended,
+                        input_tokens_asked=spec.input_tokens,
+                        output_tokens_asked=spec.output_tokens,
+                        warmup=_is_warmup(plan, i, intended),
+                    )
                     records.append(rec)
                     count(await send(session, cfg, build_body(cfg, spec), rec, t0, tok))
 
@@ -197,13 +214,13 @@ async def _worker_async(
     for r in records:
         if r.e2e_s is None:  # cancelled before send() ran
             r.error, r.error_detail = "interrupted", "the run was stopped before sending"
-    counters[base: base + _N] = [len(records), len(records), sum(1 for r in records if r.error), 0]
+    counters[base : base + _N] = [len(records), len(records), sum(1 for r in records if r.error), 0]
     return records
 
 
 def _run_loop(coro: Any) -> Any:
     """uvloop when installed and GPUFLEET_SERVE_LOOP is not 'asyncio'; the standard loop otherwise."""
-    if read_env(Env.SERVE_LOOP, str, "uvloop") != "asyncio":
+    if Env.SERVE_LOOP.get() != "asyncio":
         try:
             import uvloop
 
@@ -213,8 +230,16 @@ def _run_loop(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
-def _worker(plan: LoadPlan, wid: int, offsets: list[float] | None, counters: Any, start: Any,
-            go: Any, stop_evt: Any, out: Any) -> None:
+def _worker(
+    plan: LoadPlan,
+    wid: int,
+    offsets: list[float] | None,
+    counters: Any,
+    start: Any,
+    go: Any,
+    stop_evt: Any,
+    out: Any,
+) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # until the loop installs its own handler
     import aiohttp  # noqa: F401  (import before "ready" so start-up cost is not in the run)
 
@@ -246,8 +271,10 @@ def run_load(
     start, go = ctx.RawValue("d", 0.0), ctx.Event()
     stop_evt = stop if stop is not None else ctx.Event()
     out = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(plan, w, offsets, counters, start, go, stop_evt, out),
-                         daemon=True) for w in range(P)]
+    procs = [
+        ctx.Process(target=_worker, args=(plan, w, offsets, counters, start, go, stop_evt, out), daemon=True)
+        for w in range(P)
+    ]
     for p in procs:
         p.start()
     interrupted = False

@@ -21,8 +21,16 @@ from dataclasses import dataclass
 
 from gpufleet.core.errors import UsageError
 
-__all__ = ["DomainKind", "RackType", "Domain", "RACK_TYPES", "rack_type", "parse_racks", "parse_nodes",
-           "build_fleet"]
+__all__ = [
+    "DomainKind",
+    "RackType",
+    "Domain",
+    "RACK_TYPES",
+    "rack_type",
+    "parse_racks",
+    "parse_nodes",
+    "build_fleet",
+]
 
 
 class DomainKind(enum.StrEnum):
@@ -127,6 +135,8 @@ def _checked(domains: list[Domain]) -> list[Domain]:
 def build_fleet(racks: str | None, nodes: str | None) -> list[Domain]:
     """Exactly one of ``--racks`` / ``--nodes``."""
     if (racks is None) == (nodes is None):
-        raise UsageError("give the fleet as --racks TYPE:COUNT (e.g. nvl72:4) or --nodes GPUSxCOUNT "
-                         "(e.g. 8x16), exactly one of them")
+        raise UsageError(
+            "give the fleet as --racks TYPE:COUNT (e.g. nvl72:4) or --nodes GPUSxCOUNT "
+            "(e.g. 8x16), exactly one of them"
+        )
     return parse_racks(racks) if racks is not None else parse_nodes(nodes or "")

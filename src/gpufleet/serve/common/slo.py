@@ -110,8 +110,14 @@ class SLO:
         return SLO({m: v for m, v in self.limits.items() if m == metric}, self.attainment)
 
     def __str__(self) -> str:
-        return ",".join(f"{self.limits[m].key(m)}={self.limits[m].seconds * 1000:g}ms"
-                        for m in METRICS if m in self.limits) or "none"
+        return (
+            ",".join(
+                f"{self.limits[m].key(m)}={self.limits[m].seconds * 1000:g}ms"
+                for m in METRICS
+                if m in self.limits
+            )
+            or "none"
+        )
 
     def met(self, ttft: float | None, tpot: float | None, e2e: float | None) -> bool:
         """Every limit holds for one request. A missing measurement against a set limit fails it."""
@@ -145,12 +151,15 @@ def parse_slo(
         m = _KEY.match(key.strip().lower())
         metric = m["metric"] if m else ""
         if not sep or metric not in metrics:
-            raise UsageError(f"{flag}: bad item {item!r}; expected KEY=DURATION with KEY one of {valid} "
-                             f"(e.g. ttft=500ms or ttft_p90=500ms)")
+            raise UsageError(
+                f"{flag}: bad item {item!r}; expected KEY=DURATION with KEY one of {valid} "
+                f"(e.g. ttft=500ms or ttft_p90=500ms)"
+            )
         pct = float(m["pct"]) if m and m["pct"] else None
         if pct is not None and not 0 < pct < 100:
-            raise UsageError(f"{flag}: the percentile of {key.strip()!r} must be in (0, 100); "
-                             f"valid keys: {valid}")
+            raise UsageError(
+                f"{flag}: the percentile of {key.strip()!r} must be in (0, 100); valid keys: {valid}"
+            )
         if metric in limits:
             raise UsageError(f"{flag}: {metric} given twice")
         seconds = parse_duration(value.strip(), f"{flag} {key.strip()}", unit_required=True, allow_zero=False)

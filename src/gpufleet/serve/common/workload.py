@@ -169,8 +169,12 @@ class SyntheticWorkload:
         return RequestSpec(index, prompt, total, n_out)
 
     def describe(self) -> dict[str, object]:
-        d: dict[str, object] = {"kind": "synthetic", "spec": self.spec, "input": str(self.input),
-                                "output": str(self.output)}
+        d: dict[str, object] = {
+            "kind": "synthetic",
+            "spec": self.spec,
+            "input": str(self.input),
+            "output": str(self.output),
+        }
         if self.prefixes:
             d["prefix"] = {"count": self.prefixes, "tokens": self.prefix_len}
         return d
@@ -185,8 +189,10 @@ def parse_spec(text: str, seed: int = 0) -> SyntheticWorkload:
     for item in items:
         if "=" not in item:
             if item.lower() not in PRESETS:
-                raise UsageError(f"workload: unknown preset {item!r} (presets: {', '.join(PRESETS)}; "
-                                 "or key=value items in=, out=, prefix=)")
+                raise UsageError(
+                    f"workload: unknown preset {item!r} (presets: {', '.join(PRESETS)}; "
+                    "or key=value items in=, out=, prefix=)"
+                )
             for sub in PRESETS[item.lower()].split(";"):
                 k, _, v = sub.partition("=")
                 fields[k] = v
@@ -237,14 +243,19 @@ class TraceWorkload:
             parts.append(_block(h, n))
             left -= n
         if left > 0:  # fewer hash ids than the length needs: unique filler
-            parts.append(f"{index} " + _words(random.Random(f"fill-{index}"), left - 1) if left > 1
-                         else str(index))
+            parts.append(
+                f"{index} " + _words(random.Random(f"fill-{index}"), left - 1) if left > 1 else str(index)
+            )
         offset = (e.timestamp_ms - self.entries[0].timestamp_ms) / 1000.0
         return RequestSpec(index, " ".join(parts), e.input_length, e.output_length, offset)
 
     def describe(self) -> dict[str, object]:
-        return {"kind": "mooncake_trace", "path": self.path, "requests": len(self.entries),
-                "span_s": (self.entries[-1].timestamp_ms - self.entries[0].timestamp_ms) / 1000.0}
+        return {
+            "kind": "mooncake_trace",
+            "path": self.path,
+            "requests": len(self.entries),
+            "span_s": (self.entries[-1].timestamp_ms - self.entries[0].timestamp_ms) / 1000.0,
+        }
 
 
 Workload = SyntheticWorkload | TraceWorkload

@@ -8,7 +8,13 @@ __getattr__, __all__ = attach(
     {
         "plans": ["Group", "Item", "Workload", "load_plan", "load_plans", "items_of"],
         "solver": [
-            "PackError", "PackInfeasible", "PackResult", "PackStatus", "Solver", "pack", "ffd",
+            "PackError",
+            "PackInfeasible",
+            "PackResult",
+            "PackStatus",
+            "Solver",
+            "pack",
+            "ffd",
             "capacity_bound",
         ],
         "render": ["headline", "tables", "plot_racks"],

@@ -75,8 +75,9 @@ def parse_plan(doc: Any, source: str) -> Workload:
     if schema != PLAN_SCHEMA:
         raise UsageError(f"{w}: schema {schema!r} is not a plan ({PLAN_SCHEMA!r})")
     if isinstance(version, bool) or not isinstance(version, int) or version > PLAN_VERSION:
-        raise UsageError(f"{w}: plan version {version!r} is not supported (this gpufleet reads "
-                         f"version <= {PLAN_VERSION})")
+        raise UsageError(
+            f"{w}: plan version {version!r} is not supported (this gpufleet reads version <= {PLAN_VERSION})"
+        )
     name = doc.get("workload")
     if not isinstance(name, str) or not name.strip():
         raise UsageError(f"{w}: 'workload' must be a non-empty string")
@@ -100,8 +101,15 @@ def parse_plan(doc: Any, source: str) -> Workload:
         pd = g.get("pd_group")
         if pd is not None and not isinstance(pd, str | int):
             raise UsageError(f"{w}: groups[{i}].pd_group must be a string or null (got {pd!r})")
-        groups.append(Group(name, gid, role, _int(g.get("gpus"), f"{w}: groups[{i}].gpus"),
-                            None if pd is None else str(pd)))
+        groups.append(
+            Group(
+                name,
+                gid,
+                role,
+                _int(g.get("gpus"), f"{w}: groups[{i}].gpus"),
+                None if pd is None else str(pd),
+            )
+        )
     if mode is None:
         mode = Mode.DISAGGREGATED if any(g.pd_group for g in groups) else Mode.AGGREGATED
     if mode not in tuple(Mode):

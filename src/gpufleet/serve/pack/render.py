@@ -29,12 +29,17 @@ def _num(x: float) -> str:
 def headline(r: PackResult) -> str:
     """One line: status, cost, bound, gap, time, solver settings."""
     used = sum(1 for x in r.loads() if x)
-    how = ("first-fit decreasing" if r.params.get("solver") == Solver.FFD else
-           f"CP-SAT, {r.params.get('num_workers')} workers, seed {r.params.get('seed')}, "
-           f"limit {r.params.get('time_limit_s'):g}s")
-    s = (f"{r.status}: cost {_num(r.cost)} ({used}/{len(r.fleet)} domains, {sum(r.loads())} GPUs placed, "
-         f"fragmentation {r.fragmentation}), bound {_num(r.bound)}, gap {r.gap:.1%}; "
-         f"placement by {r.method}; {r.solve_s:.2f}s ({how})")
+    how = (
+        "first-fit decreasing"
+        if r.params.get("solver") == Solver.FFD
+        else f"CP-SAT, {r.params.get('num_workers')} workers, seed {r.params.get('seed')}, "
+        f"limit {r.params.get('time_limit_s'):g}s"
+    )
+    s = (
+        f"{r.status}: cost {_num(r.cost)} ({used}/{len(r.fleet)} domains, {sum(r.loads())} GPUs placed, "
+        f"fragmentation {r.fragmentation}), bound {_num(r.bound)}, gap {r.gap:.1%}; "
+        f"placement by {r.method}; {r.solve_s:.2f}s ({how})"
+    )
     if r.ffd_cost is not None and r.method != Solver.FFD:
         s += f"; FFD alone: cost {_num(r.ffd_cost)}, gap {r.ffd_gap or 0.0:.1%}"
     return s
@@ -67,8 +72,14 @@ def tables(r: PackResult) -> list[Table]:
         ps = per[w.name]
         doms = sorted({p["domain"] for p in ps}, key=lambda n: [d.name for d in r.fleet].index(n))
         pds = len({p["pd_group"] for p in ps if p["pd_group"] is not None})
-        wt.add_row(w.name, w.mode + (" (anti)" if w.anti_affinity or r.params.get("anti_affinity") else ""),
-                   str(w.gpus), str(len(ps)), str(pds), ", ".join(doms))
+        wt.add_row(
+            w.name,
+            w.mode + (" (anti)" if w.anti_affinity or r.params.get("anti_affinity") else ""),
+            str(w.gpus),
+            str(len(ps)),
+            str(pds),
+            ", ".join(doms),
+        )
     return [dt, wt]
 
 
@@ -105,8 +116,17 @@ def plot_racks(r: PackResult, path: Path) -> Path:
         s0, s1 = slots[i]
         s = s0
         for g in it.groups:
-            ax.add_patch(Rectangle((d - 0.38, s + 0.05), 0.76, g.gpus - 0.1, facecolor=color[it.workload],
-                                   edgecolor="white", lw=0.4, hatch="//" if g.role == "prefill" else None))
+            ax.add_patch(
+                Rectangle(
+                    (d - 0.38, s + 0.05),
+                    0.76,
+                    g.gpus - 0.1,
+                    facecolor=color[it.workload],
+                    edgecolor="white",
+                    lw=0.4,
+                    hatch="//" if g.role == "prefill" else None,
+                )
+            )
             s += g.gpus
         if it.role == "pd":
             ax.add_patch(Rectangle((d - 0.42, s0), 0.84, s1 - s0, fill=False, edgecolor="black", lw=1.8))
@@ -116,11 +136,20 @@ def plot_racks(r: PackResult, path: Path) -> Path:
     ax.set_xticks(range(0, cols, step))
     ax.set_xticklabels([r.fleet[d].name for d in range(0, cols, step)], rotation=90, fontsize=7)
     ax.set_ylabel("GPU slot")
-    ax.set_title(f"{r.status}: cost {_num(r.cost)}, bound {_num(r.bound)}, gap {r.gap:.1%} "
-                 f"({r.method})\nhatched: prefill; black outline: P/D group", fontsize=8)
+    ax.set_title(
+        f"{r.status}: cost {_num(r.cost)}, bound {_num(r.bound)}, gap {r.gap:.1%} "
+        f"({r.method})\nhatched: prefill; black outline: P/D group",
+        fontsize=8,
+    )
     handles = [Patch(facecolor=color[n], label=n) for n in names]
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7,
-              ncol=1 + len(names) // 25, frameon=False)
+    ax.legend(
+        handles=handles,
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+        fontsize=7,
+        ncol=1 + len(names) // 25,
+        frameon=False,
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -24,8 +24,17 @@ from gpufleet.core.errors import GpufleetError, UsageError
 from gpufleet.serve.common.racks import Domain
 from gpufleet.serve.pack.plans import Item, Workload, items_of
 
-__all__ = ["PackError", "PackInfeasible", "PackResult", "PackStatus", "Solver", "pack", "ffd",
-           "capacity_bound", "SCHEMA"]
+__all__ = [
+    "PackError",
+    "PackInfeasible",
+    "PackResult",
+    "PackStatus",
+    "Solver",
+    "pack",
+    "ffd",
+    "capacity_bound",
+    "SCHEMA",
+]
 
 SCHEMA = "gpufleet.serve.placement"
 VERSION = 1
@@ -109,9 +118,17 @@ class PackResult:
         for i, it in enumerate(self.items):
             s = slots[i][0]
             for g in it.groups:
-                placements.append({"workload": it.workload, "id": g.id, "role": g.role, "gpus": g.gpus,
-                                   "pd_group": g.pd_group, "domain": self.fleet[self.assign[i]].name,
-                                   "slots": [s, s + g.gpus]})
+                placements.append(
+                    {
+                        "workload": it.workload,
+                        "id": g.id,
+                        "role": g.role,
+                        "gpus": g.gpus,
+                        "pd_group": g.pd_group,
+                        "domain": self.fleet[self.assign[i]].name,
+                        "slots": [s, s + g.gpus],
+                    }
+                )
                 s += g.gpus
         domains = []
         for d, dom in enumerate(self.fleet):
@@ -119,19 +136,46 @@ class PackResult:
             for i, a in enumerate(self.assign):
                 if a == d:
                     per[self.items[i].workload] += self.items[i].gpus
-            domains.append({"name": dom.name, "type": dom.type, "gpus": dom.gpus, "cost": dom.cost,
-                            "used": loads[d], "free": dom.gpus - loads[d], "workloads": dict(per)})
+            domains.append(
+                {
+                    "name": dom.name,
+                    "type": dom.type,
+                    "gpus": dom.gpus,
+                    "cost": dom.cost,
+                    "used": loads[d],
+                    "free": dom.gpus - loads[d],
+                    "workloads": dict(per),
+                }
+            )
         return {
-            "schema": SCHEMA, "version": VERSION,
-            "status": self.status, "method": self.method,
-            "objective": {"cost": self.cost, "domains_used": sum(1 for x in loads if x),
-                          "fragmentation": self.fragmentation},
-            "bound": self.bound, "gap": self.gap, "solve_s": self.solve_s,
+            "schema": SCHEMA,
+            "version": VERSION,
+            "status": self.status,
+            "method": self.method,
+            "objective": {
+                "cost": self.cost,
+                "domains_used": sum(1 for x in loads if x),
+                "fragmentation": self.fragmentation,
+            },
+            "bound": self.bound,
+            "gap": self.gap,
+            "solve_s": self.solve_s,
             "ffd": {"cost": self.ffd_cost, "gap": self.ffd_gap},
-            "cpsat": self.cpsat, "params": self.params, "notes": self.notes,
-            "workloads": [{"name": w.name, "mode": w.mode, "gpus": w.gpus, "source": w.source,
-                           "anti_affinity": w.anti_affinity} for w in self.workloads],
-            "domains": domains, "placements": placements,
+            "cpsat": self.cpsat,
+            "params": self.params,
+            "notes": self.notes,
+            "workloads": [
+                {
+                    "name": w.name,
+                    "mode": w.mode,
+                    "gpus": w.gpus,
+                    "source": w.source,
+                    "anti_affinity": w.anti_affinity,
+                }
+                for w in self.workloads
+            ],
+            "domains": domains,
+            "placements": placements,
         }
 
 
@@ -148,13 +192,17 @@ def _fleet_text(fleet: Sequence[Domain]) -> str:
 def _precheck(items: Sequence[Item], fleet: Sequence[Domain], anti: Sequence[bool]) -> None:
     demand, cap = sum(i.gpus for i in items), sum(d.gpus for d in fleet)
     if demand > cap:
-        raise PackInfeasible(f"not enough capacity: the plans need {demand} GPUs, the fleet has {cap} "
-                             f"({_fleet_text(fleet)}); short by {demand - cap} GPUs")
+        raise PackInfeasible(
+            f"not enough capacity: the plans need {demand} GPUs, the fleet has {cap} "
+            f"({_fleet_text(fleet)}); short by {demand - cap} GPUs"
+        )
     big = max(d.gpus for d in fleet)
     for it in items:
         if it.gpus > big:
-            raise PackInfeasible(f"{it.label()} of workload {it.workload!r} needs {it.gpus} GPUs in one "
-                                 f"NVLink domain; the largest domain has {big}")
+            raise PackInfeasible(
+                f"{it.label()} of workload {it.workload!r} needs {it.gpus} GPUs in one "
+                f"NVLink domain; the largest domain has {big}"
+            )
     classes: dict[tuple[str, str], list[Item]] = defaultdict(list)
     for i, it in enumerate(items):
         if anti[i]:
@@ -163,8 +211,10 @@ def _precheck(items: Sequence[Item], fleet: Sequence[Domain], anti: Sequence[boo
         room = sum(1 for d in fleet if d.gpus >= min(x.gpus for x in its))
         if len(its) > room:
             what = "P/D groups" if role == "pd" else f"{role} instances"
-            raise PackInfeasible(f"anti-affinity: workload {w!r} has {len(its)} {what} but only {room} "
-                                 f"domains can hold one; short by {len(its) - room} domain(s)")
+            raise PackInfeasible(
+                f"anti-affinity: workload {w!r} has {len(its)} {what} but only {room} "
+                f"domains can hold one; short by {len(its) - room} domain(s)"
+            )
 
 
 def capacity_bound(items: Sequence[Item], fleet: Sequence[Domain]) -> float:
@@ -220,8 +270,9 @@ def _ortools() -> None:
     try:
         import ortools.sat.python.cp_model  # noqa: F401
     except ImportError:
-        raise UsageError("the packer needs OR-Tools: pip install 'gpufleet[pack]' "
-                         "(or use --solver ffd)") from None
+        raise UsageError(
+            "the packer needs OR-Tools: pip install 'gpufleet[pack]' (or use --solver ffd)"
+        ) from None
 
 
 def _scale(costs: Sequence[float]) -> int:
@@ -231,8 +282,15 @@ def _scale(costs: Sequence[float]) -> int:
     return 10000
 
 
-def _solve(items: Sequence[Item], fleet: Sequence[Domain], anti: Sequence[bool], hint: list[int] | None,
-           time_limit: float, workers: int, seed: int) -> tuple[str, list[int] | None, float, dict[str, Any]]:
+def _solve(
+    items: Sequence[Item],
+    fleet: Sequence[Domain],
+    anti: Sequence[bool],
+    hint: list[int] | None,
+    time_limit: float,
+    workers: int,
+    seed: int,
+) -> tuple[str, list[int] | None, float, dict[str, Any]]:
     from ortools.sat.python import cp_model
 
     types: dict[tuple[str, str, tuple[int, ...], bool], list[int]] = defaultdict(list)
@@ -303,9 +361,16 @@ def _solve(items: Sequence[Item], fleet: Sequence[Domain], anti: Sequence[bool],
     return status, assign, bound, info
 
 
-def pack(workloads: Sequence[Workload], fleet: Sequence[Domain], *, anti_affinity: bool = False,
-         time_limit: float = 10.0, workers: int = 8, seed: int = 0,
-         solver: Solver | str = Solver.CP_SAT) -> PackResult:
+def pack(
+    workloads: Sequence[Workload],
+    fleet: Sequence[Domain],
+    *,
+    anti_affinity: bool = False,
+    time_limit: float = 10.0,
+    workers: int = 8,
+    seed: int = 0,
+    solver: Solver | str = Solver.CP_SAT,
+) -> PackResult:
     """Place every workload's items into ``fleet`` at the lowest cost (see the module doc)."""
     if solver not in tuple(Solver):
         raise ValueError(f"solver must be one of {', '.join(Solver)} (got {solver!r})")
@@ -318,8 +383,13 @@ def pack(workloads: Sequence[Workload], fleet: Sequence[Domain], *, anti_affinit
         raise PackInfeasible("the plans hold no instances to place")
     by_name = {w.name: w for w in wls}
     anti = [anti_affinity or by_name[it.workload].anti_affinity for it in items]
-    params = {"solver": solver, "time_limit_s": time_limit, "num_workers": workers, "seed": seed,
-              "anti_affinity": anti_affinity}
+    params = {
+        "solver": solver,
+        "time_limit_s": time_limit,
+        "num_workers": workers,
+        "seed": seed,
+        "anti_affinity": anti_affinity,
+    }
     _precheck(items, fleet, anti)
     if solver == Solver.CP_SAT:
         _ortools()
@@ -330,28 +400,68 @@ def pack(workloads: Sequence[Workload], fleet: Sequence[Domain], *, anti_affinit
     if solver == Solver.FFD:
         if f_assign is None or f_cost is None:
             raise PackInfeasible(f"first-fit decreasing found no placement; {_shortfall(items, fleet, anti)}")
-        return PackResult(fleet, wls, items, f_assign, Solver.FFD, PackStatus.FFD, f_cost, cap_lb,
-                          time.perf_counter() - t0, f_cost, params=params,
-                          notes=["bound: capacity bound (no CP-SAT run)"])
+        return PackResult(
+            fleet,
+            wls,
+            items,
+            f_assign,
+            Solver.FFD,
+            PackStatus.FFD,
+            f_cost,
+            cap_lb,
+            time.perf_counter() - t0,
+            f_cost,
+            params=params,
+            notes=["bound: capacity bound (no CP-SAT run)"],
+        )
     status, c_assign, bound, info = _solve(items, fleet, anti, f_assign, time_limit, workers, seed)
     elapsed = time.perf_counter() - t0
     if status == "INFEASIBLE":
-        raise PackInfeasible(f"no placement fits this fleet ({_fleet_text(fleet)}): capacity, NVLink-domain "
-                             f"or anti-affinity constraints conflict; {_shortfall(items, fleet, anti)}")
+        raise PackInfeasible(
+            f"no placement fits this fleet ({_fleet_text(fleet)}): capacity, NVLink-domain "
+            f"or anti-affinity constraints conflict; {_shortfall(items, fleet, anti)}"
+        )
     bound = max(bound, cap_lb)
     if status == "OPTIMAL" and c_assign is not None:
-        return PackResult(fleet, wls, items, c_assign, Solver.CP_SAT, PackStatus.OPTIMAL,
-                          _cost(fleet, c_assign), bound, elapsed, f_cost, info, params)
+        return PackResult(
+            fleet,
+            wls,
+            items,
+            c_assign,
+            Solver.CP_SAT,
+            PackStatus.OPTIMAL,
+            _cost(fleet, c_assign),
+            bound,
+            elapsed,
+            f_cost,
+            info,
+            params,
+        )
     notes = [f"CP-SAT stopped at the {time_limit:g}s time limit ({status}) before proving optimality"]
     tried = ((info.get("objective"), c_assign, Solver.CP_SAT), (f_cost, f_assign, Solver.FFD))
     cands = [(c, a, meth) for c, a, meth in tried if a is not None and c is not None]
     if not cands:
-        raise PackError(f"no placement found within the {time_limit:g}s time limit and first-fit found "
-                        "none either; raise --time-limit")
+        raise PackError(
+            f"no placement found within the {time_limit:g}s time limit and first-fit found "
+            "none either; raise --time-limit"
+        )
     cost, assign, method = min(cands, key=lambda x: (x[0], x[2] == Solver.CP_SAT))  # CP-SAT only if cheaper
     if method == Solver.FFD:
         notes.append("using the first-fit-decreasing placement (fallback)")
     if cost <= bound + 1e-9:
         notes.append("its cost equals the lower bound: optimal in cost (fragmentation tie-break unproven)")
-    return PackResult(fleet, wls, items, assign, method, PackStatus.FEASIBLE, cost, bound, elapsed, f_cost,
-                      info, params, notes)
+    return PackResult(
+        fleet,
+        wls,
+        items,
+        assign,
+        method,
+        PackStatus.FEASIBLE,
+        cost,
+        bound,
+        elapsed,
+        f_cost,
+        info,
+        params,
+        notes,
+    )

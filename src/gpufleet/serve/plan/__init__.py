@@ -8,7 +8,13 @@ __getattr__, __all__ = attach(
     __name__,
     {
         "profile": [
-            "Coeffs", "TpProfile", "Profile", "fit_prefill", "fit_decode", "load_profile", "example_profiles",
+            "Coeffs",
+            "TpProfile",
+            "Profile",
+            "fit_prefill",
+            "fit_decode",
+            "load_profile",
+            "example_profiles",
             "profile_from_table",
         ],
         "sweep": ["measure"],

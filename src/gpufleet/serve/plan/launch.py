@@ -24,7 +24,6 @@ __all__ = [
 ]
 
 
-
 def groups(c: Candidate, domain_gpus: int) -> list[dict[str, Any]]:
     if c.mode == Mode.AGGREGATED:
         return [
@@ -127,8 +126,10 @@ def plan_document(
         "price_per_gpu_hour": price,
         "cost_per_hour": round(c.gpus * price, 4) if price else None,
         "slo": {
-            **{f"{m}_p{opts.slo.percentile(m):g}_ms": round(lim.seconds * 1000, 3)
-               for m, lim in opts.slo.limits.items()},
+            **{
+                f"{m}_p{opts.slo.percentile(m):g}_ms": round(lim.seconds * 1000, 3)
+                for m, lim in opts.slo.limits.items()
+            },
             "attainment": opts.slo.attainment,
         },
         "traffic": traffic.describe(),

@@ -49,8 +49,15 @@ def test_sbatch_golden_full():
 
 def test_sbatch_golden_minimal():
     s = spec(
-        spare_nodes=0, min_nodes=None, partition=None, time=None, exclude=[], supervisor_flags=[],
-        nodes=2, nproc_per_node=1, job_name="gpufleet",
+        spare_nodes=0,
+        min_nodes=None,
+        partition=None,
+        time=None,
+        exclude=[],
+        supervisor_flags=[],
+        nodes=2,
+        nproc_per_node=1,
+        job_name="gpufleet",
     )
     golden("minimal.sbatch", B.render_sbatch(s))
 
@@ -64,8 +71,13 @@ def test_sbatch_script_is_valid_bash(tmp_path):
 @pytest.mark.parametrize(
     "bad",
     [
-        dict(nodes=0), dict(min_nodes=5), dict(time="tomorrow"), dict(command=[]), dict(spare_nodes=-1),
-        dict(time="2"), dict(time="1:30", signal_s=120),  # USR1 would come at once: a requeue loop
+        dict(nodes=0),
+        dict(min_nodes=5),
+        dict(time="tomorrow"),
+        dict(command=[]),
+        dict(spare_nodes=-1),
+        dict(time="2"),
+        dict(time="1:30", signal_s=120),  # USR1 would come at once: a requeue loop
     ],
 )
 def test_sbatch_spec_rejects_bad_values(bad):
@@ -95,10 +107,33 @@ def test_cli_dry_run_writes_script_with_supervisor_flags(tmp_path, monkeypatch):
 
     record_state("gpu-9", "drained", "xid 79", fleet=tmp_path / "fleet")
     p = subprocess.run(
-        [os.sys.executable, "-m", "gpufleet.cli.main", "run", "--backend", "slurm", "--dry-run",
-         "--nodes", "2", "-n", "2", "--run-dir", str(tmp_path / "run"), "--hang-timeout", "7",
-         "--no-standby", "--inject", "kill:rank=1,step=5", "--", "python", "t.py"],
-        capture_output=True, text=True, timeout=60, env={**os.environ, "PATH": os.environ["PATH"]},
+        [
+            os.sys.executable,
+            "-m",
+            "gpufleet.cli.main",
+            "run",
+            "--backend",
+            "slurm",
+            "--dry-run",
+            "--nodes",
+            "2",
+            "-n",
+            "2",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--hang-timeout",
+            "7",
+            "--no-standby",
+            "--inject",
+            "kill:rank=1,step=5",
+            "--",
+            "python",
+            "t.py",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PATH": os.environ["PATH"]},
     )
     assert p.returncode == 0, p.stderr
     text = (tmp_path / "run" / "job.sbatch").read_text()
@@ -111,8 +146,16 @@ def test_cli_dry_run_writes_script_with_supervisor_flags(tmp_path, monkeypatch):
 def test_srun_argv_and_node_bounds():
     b = SrunBackend(nodes=2, min_nodes=1, nodelist=["n1", "n2", "n3"], python="/py")
     assert b.argv("n2") == [
-        "srun", "--nodes=1", "--ntasks=1", "--nodelist=n2", "--overlap", "--kill-on-bad-exit=1",
-        "--job-name=gpufleet-agent-n2", "/py", "-m", "gpufleet.backends.agent",
+        "srun",
+        "--nodes=1",
+        "--ntasks=1",
+        "--nodelist=n2",
+        "--overlap",
+        "--kill-on-bad-exit=1",
+        "--job-name=gpufleet-agent-n2",
+        "/py",
+        "-m",
+        "gpufleet.backends.agent",
     ]
     with pytest.raises(ConfigError):
         SrunBackend(nodes=4, nodelist=["n1", "n2"])
@@ -126,8 +169,12 @@ def test_srun_argv_and_node_bounds():
 
 def test_slurm_config_snippets_golden():
     out = H.render(
-        slurm_conf="/etc/slurm/slurm.conf", script_dir="/etc/slurm", interval=300,
-        gpufleet="/opt/venv/bin/gpufleet", python="/opt/venv/bin/python", fleet_dir="/shared/fleet",
+        slurm_conf="/etc/slurm/slurm.conf",
+        script_dir="/etc/slurm",
+        interval=300,
+        gpufleet="/opt/venv/bin/gpufleet",
+        python="/opt/venv/bin/python",
+        fleet_dir="/shared/fleet",
         path="/opt/venv/bin:/usr/bin:/bin",
     )
     golden("slurm-config.txt", "".join(f"# ---- {k}\n{v}" for k, v in out.items()))

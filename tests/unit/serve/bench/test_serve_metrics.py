@@ -11,8 +11,18 @@ from gpufleet.serve.common.slo import parse_slo
 
 
 def rec(i, intended, lag, ttft, e2e, out, itl=(), error="", warmup=False):
-    return RequestRecord(i, intended, sent_s=intended + lag, ttft_s=ttft, e2e_s=e2e, output_tokens=out,
-                         token_source="usage" if out else "", itl_s=list(itl), error=error, warmup=warmup)
+    return RequestRecord(
+        i,
+        intended,
+        sent_s=intended + lag,
+        ttft_s=ttft,
+        e2e_s=e2e,
+        output_tokens=out,
+        token_source="usage" if out else "",
+        itl_s=list(itl),
+        error=error,
+        warmup=warmup,
+    )
 
 
 def test_percentiles_linear():

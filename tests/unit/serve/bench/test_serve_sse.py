@@ -32,8 +32,17 @@ def feed(lines):
 
 
 def test_empty_chunks_are_not_tokens_and_usage_is_read():
-    st = feed([chunk(""), chunk("Hel"), chunk(""), chunk(None), chunk("lo", finish="stop"),
-               chunk(choices=False, usage={"prompt_tokens": 3, "completion_tokens": 4}), b"data: [DONE]"])
+    st = feed(
+        [
+            chunk(""),
+            chunk("Hel"),
+            chunk(""),
+            chunk(None),
+            chunk("lo", finish="stop"),
+            chunk(choices=False, usage={"prompt_tokens": 3, "completion_tokens": 4}),
+            b"data: [DONE]",
+        ]
+    )
     assert st.content_times == [1.0, 4.0] and "".join(st.parts) == "Hello"
     assert st.done and st.finish_reason == "stop" and st.error is None
     rec = RequestRecord(0, 0.0, output_tokens_asked=10)

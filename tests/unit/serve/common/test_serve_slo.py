@@ -78,8 +78,16 @@ def test_command_keys_and_bad_attainment() -> None:
 
 
 def _rec(i: int, ttft: float | None, error: str = "") -> RequestRecord:
-    return RequestRecord(i, float(i), sent_s=float(i), ttft_s=ttft, e2e_s=None if error else 1.0,
-                         output_tokens=None if error else 1, token_source="usage", error=error)
+    return RequestRecord(
+        i,
+        float(i),
+        sent_s=float(i),
+        ttft_s=ttft,
+        e2e_s=None if error else 1.0,
+        output_tokens=None if error else 1,
+        token_source="usage",
+        error=error,
+    )
 
 
 def test_bench_judges_a_percentile_limit_over_every_request() -> None:
@@ -108,12 +116,32 @@ def test_every_command_accepts_both_forms(slo: str, capsys: pytest.CaptureFixtur
     assert e.value.code == 2 and "--url is required" in err and "--slo" not in err, err
     # serve plan: a whole plan with this SLO
     with pytest.raises(SystemExit) as e:
-        main(["serve", "plan", "--profile", "opt-13b-a100", "--traffic", "rate=1;in=fixed:128;out=fixed:32",
-              "--mode", "aggregated", "--sim-requests", "200", "--max-gpus", "8", "--json", "--slo", slo])
+        main(
+            [
+                "serve",
+                "plan",
+                "--profile",
+                "opt-13b-a100",
+                "--traffic",
+                "rate=1;in=fixed:128;out=fixed:32",
+                "--mode",
+                "aggregated",
+                "--sim-requests",
+                "200",
+                "--max-gpus",
+                "8",
+                "--json",
+                "--slo",
+                slo,
+            ]
+        )
     out = capsys.readouterr().out
     assert e.value.code == 0 and '"slo": {' in out
-    want = ('"ttft_p90_ms": 200.0', '"tpot_p90_ms": 20.0') if "_p99" not in slo else (
-        '"ttft_p90_ms": 200.0', '"tpot_p99_ms": 20.0')
+    want = (
+        ('"ttft_p90_ms": 200.0', '"tpot_p90_ms": 20.0')
+        if "_p99" not in slo
+        else ('"ttft_p90_ms": 200.0', '"tpot_p99_ms": 20.0')
+    )
     assert all(w in out for w in want), out
 
 

@@ -22,8 +22,21 @@ def test_dists_parse_and_sample():
     assert 450 < xs[len(xs) // 2] < 580  # median ≈ 512
 
 
-@pytest.mark.parametrize("bad", ["fixed:0", "fixed:-3", "fixed:x", "uniform:9-3", "uniform:5",
-                                 "lognormal:512", "lognormal:512,99", "zipf:3", "", "fixed:1e99"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "fixed:0",
+        "fixed:-3",
+        "fixed:x",
+        "uniform:9-3",
+        "uniform:5",
+        "lognormal:512",
+        "lognormal:512,99",
+        "zipf:3",
+        "",
+        "fixed:1e99",
+    ],
+)
 def test_bad_dists(bad):
     with pytest.raises(UsageError):
         parse_dist(bad)
@@ -62,12 +75,15 @@ def _trace(tmp_path, lines):
 
 
 def test_mooncake_blocks_share_text(tmp_path):
-    p = _trace(tmp_path, [
-        json.dumps({"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [1, 2]}),
-        json.dumps({"timestamp": 250, "input_length": 700, "output_length": 9, "hash_ids": [1, 3]}),
-        "",
-        json.dumps({"timestamp": 100, "input_length": 10, "output_length": 1}),
-    ])
+    p = _trace(
+        tmp_path,
+        [
+            json.dumps({"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [1, 2]}),
+            json.dumps({"timestamp": 250, "input_length": 700, "output_length": 9, "hash_ids": [1, 3]}),
+            "",
+            json.dumps({"timestamp": 100, "input_length": 10, "output_length": 1}),
+        ],
+    )
     w = load_workload(str(p))
     assert [e.timestamp_ms for e in w.entries] == [0, 100, 250]  # sorted
     r0, r2 = w.request(0), w.request(2)
@@ -78,15 +94,18 @@ def test_mooncake_blocks_share_text(tmp_path):
     assert w0[BLOCK_TOKENS:700] != w2[BLOCK_TOKENS:700]
 
 
-@pytest.mark.parametrize("line,msg", [
-    ("not json", "not valid JSON"),
-    ("[1,2]", "JSON object"),
-    ('{"timestamp": 0, "input_length": 5}', "missing output_length"),
-    ('{"timestamp": -1, "input_length": 5, "output_length": 1}', "timestamp"),
-    ('{"timestamp": 0, "input_length": 0, "output_length": 1}', "input_length"),
-    ('{"timestamp": 0, "input_length": 5.5, "output_length": 1}', "input_length"),
-    ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": "x"}', "hash_ids"),
-])
+@pytest.mark.parametrize(
+    "line,msg",
+    [
+        ("not json", "not valid JSON"),
+        ("[1,2]", "JSON object"),
+        ('{"timestamp": 0, "input_length": 5}', "missing output_length"),
+        ('{"timestamp": -1, "input_length": 5, "output_length": 1}', "timestamp"),
+        ('{"timestamp": 0, "input_length": 0, "output_length": 1}', "input_length"),
+        ('{"timestamp": 0, "input_length": 5.5, "output_length": 1}', "input_length"),
+        ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": "x"}', "hash_ids"),
+    ],
+)
 def test_mooncake_bad_lines_are_one_line_errors(tmp_path, line, msg):
     p = _trace(tmp_path, ['{"timestamp": 0, "input_length": 5, "output_length": 1}', line])
     with pytest.raises(UsageError, match=msg) as e:

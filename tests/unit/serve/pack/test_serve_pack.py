@@ -16,16 +16,19 @@ from gpufleet.serve.pack.solver import PackInfeasible, capacity_bound, ffd, pack
 
 
 def agg(name: str, *gpus: int, **extra: Any) -> Workload:
-    return parse_plan({"workload": name, "groups": [{"id": f"r{i}", "gpus": g} for i, g in enumerate(gpus)],
-                       **extra}, name)
+    return parse_plan(
+        {"workload": name, "groups": [{"id": f"r{i}", "gpus": g} for i, g in enumerate(gpus)], **extra}, name
+    )
 
 
 def pd(name: str, *groups: tuple[int, int]) -> Workload:
     """P/D groups, each (prefill GPUs, decode GPUs)."""
     gs = []
     for k, (p, d) in enumerate(groups):
-        gs += [{"id": f"p{k}", "role": "prefill", "gpus": p, "pd_group": f"pd{k}"},
-               {"id": f"d{k}", "role": "decode", "gpus": d, "pd_group": f"pd{k}"}]
+        gs += [
+            {"id": f"p{k}", "role": "prefill", "gpus": p, "pd_group": f"pd{k}"},
+            {"id": f"d{k}", "role": "decode", "gpus": d, "pd_group": f"pd{k}"},
+        ]
     return parse_plan({"workload": name, "groups": gs}, name)
 
 
@@ -65,8 +68,11 @@ def test_pd_group_stays_in_one_domain():
 
 
 def test_pd_group_too_big_for_any_domain():
-    with pytest.raises(PackInfeasible, match=r"P/D group 'pd0' of workload 'big' needs 12 GPUs in one "
-                                             r"NVLink domain; the largest domain has 8"):
+    with pytest.raises(
+        PackInfeasible,
+        match=r"P/D group 'pd0' of workload 'big' needs 12 GPUs in one "
+        r"NVLink domain; the largest domain has 8",
+    ):
         pack([pd("big", (4, 8))], parse_nodes("8x4"))
 
 
@@ -82,8 +88,11 @@ def test_anti_affinity_spreads_replicas():
 
 
 def test_anti_affinity_short_of_domains():
-    with pytest.raises(PackInfeasible, match=r"workload 'a' has 4 replica instances but only 3 domains.*"
-                                             r"short by 1 domain"):
+    with pytest.raises(
+        PackInfeasible,
+        match=r"workload 'a' has 4 replica instances but only 3 domains.*"
+        r"short by 1 domain",
+    ):
         pack([agg("a", 1, 1, 1, 1)], parse_nodes("8x3"), anti_affinity=True)
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 import threading
 import time
@@ -40,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from gpufleet.core.env import Platform
 from gpufleet.core.errors import RetryableStorageError, StorageError, TerminalStorageError, UsageError
 
 __all__ = ["S3Client", "parse_s3_url", "MANIFEST_NAME"]
@@ -151,10 +151,7 @@ class S3Client:
             raise UsageError("range_size must be >= 1 (or None: adaptive)")
         self.range_size = range_size
         self.endpoint_url = (
-            endpoint_url
-            or os.environ.get("AWS_ENDPOINT_URL_S3")
-            or os.environ.get("AWS_ENDPOINT_URL")
-            or None
+            endpoint_url or Platform.AWS_ENDPOINT_URL_S3.get() or Platform.AWS_ENDPOINT_URL.get() or None
         )
         self.max_attempts = max_attempts
         self.backoff_base = backoff_base
