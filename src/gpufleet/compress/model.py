@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufleet.core.errors import UsageError
+from gpufleet.core.errors import InputError, UsageError
+from gpufleet.core.paths import read_json
 
 __all__ = [
     "Loaded",
@@ -145,7 +145,10 @@ def load(path: str | Path | None = None) -> Loaded:
         cfg_file = p / "config.json"
         if not cfg_file.is_file():
             raise UsageError(f"{p}: no config.json (not a Hugging Face model directory)")
-        _check_arch(json.loads(cfg_file.read_text()).get("model_type", "?"), p)
+        config = read_json(cfg_file, "model config")
+        if not isinstance(config, dict):
+            raise InputError(cfg_file, "model config is not a JSON object")
+        _check_arch(config.get("model_type", "?"), p)
     import torch
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -171,7 +174,7 @@ def load(path: str | Path | None = None) -> Loaded:
     tok = AutoTokenizer.from_pretrained(str(p))
     check_tokenizer(tok, model.config, p)
     prov_file = p / PROVENANCE
-    prov = json.loads(prov_file.read_text()) if prov_file.is_file() else {}
+    prov = read_json(prov_file, "provenance file") if prov_file.is_file() else {}
     return Loaded(model=model, tokenizer=tok, source=str(p), provenance=prov)
 
 

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from gpufleet.core import events as E
-from gpufleet.core.errors import CheckpointError, ConfigError, GpufleetError
+from gpufleet.core.errors import CheckpointError, ConfigError, RebuildRound, SpikeDetected
 from gpufleet.core.exitcodes import ExitCode
 from gpufleet.core.ledger import EventSink, Ledger, NullSink, PipeSink, read_events
 from gpufleet.core.settings import Env, RunSettings, read_env
@@ -43,10 +43,6 @@ __all__ = ["Run", "init", "SpikeDetected", "RebuildRound"]
 
 # How long an abandoned round's checkpoint engine may take to notice its dead peer and stop.
 _ABANDON_WAIT_S = 5.0
-
-
-class SpikeDetected(GpufleetError):
-    """Raised in standalone runs when the loss guard fires (under a supervisor the rank exits instead)."""
 
 
 def _setup_distributed(choice: str, *, placeholder: bool = False) -> tuple[int, int, int, torch.device]:
@@ -71,12 +67,6 @@ def _setup_distributed(choice: str, *, placeholder: bool = False) -> tuple[int, 
         else:
             dist.init_process_group(backend=plan.backend)
     return rank, world, local, device
-
-
-class RebuildRound(GpufleetError):
-    """This rank must run its script again: the new round's other ranks build their objects (DDP's
-    constructor is a collective), or a hot spare was promoted to another rank than it built for. The
-    in-process harness catches it (train/inprocess.py) with the round's order already applied."""
 
 
 def _read_order() -> dict[str, Any]:

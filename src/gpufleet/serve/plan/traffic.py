@@ -86,13 +86,18 @@ class Traffic:
         return Requests(arr, inp, out)
 
 
+MAX_RATE = 1e6
+"""The highest request rate the planner plans for (req/s): far above any one deployment, and low enough
+that its simulation stays short."""
+
+
 def _rate(text: str) -> float:
     try:
         v = float(text)
     except ValueError:
         raise UsageError(f"traffic rate {text!r} is not a number") from None
-    if not math.isfinite(v) or v <= 0:
-        raise UsageError(f"traffic rate must be > 0 req/s (got {text})")
+    if not math.isfinite(v) or not 0 < v <= MAX_RATE:
+        raise UsageError(f"traffic rate must be > 0 and <= {MAX_RATE:g} req/s (got {text})")
     return v
 
 
