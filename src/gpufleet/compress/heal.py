@@ -63,7 +63,11 @@ def config_to_json(cfg: HealConfig) -> str:
 
 
 def config_from_json(text: str) -> HealConfig:
-    d = json.loads(text)
+    return config_from_dict(json.loads(text))
+
+
+def config_from_dict(d: dict[str, Any]) -> HealConfig:
+    """The config ``config_to_json`` wrote, parsed back."""
     for k in ("student", "out"):
         d[k] = Path(d[k])
     return HealConfig(**d)

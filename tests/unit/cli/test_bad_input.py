@@ -4,7 +4,8 @@ traceback, and nothing changed on disk (the working directory and every path nam
 Each row is (argv, exit code, a substring that line must contain). Placeholders name the fixture's
 paths: {file} an existing file, {dir} an existing empty directory, {missing} a path that does not exist,
 {garbage_run} a run directory whose ledger holds a line of binary garbage, {garbage_fleet} a fleet
-directory like it, {bad_model} a model directory with a truncated config.json, {bad_json} a truncated
+directory like it, {bad_model} a model directory with a truncated config.json, {model} one whose config.json passes
+the checks made before loading (nothing loads it), {bad_json} a truncated
 JSON file, {py} this Python.
 """
 
@@ -140,9 +141,9 @@ CASES: list[tuple[tuple[str, ...], int, str]] = [
     (("serve", "mock", "--ttft", "fast"), 2, "ttft"),
     (("serve", "mock", "--itl", "-5ms"), 2, "itl"),
     (("serve", "mock", "--jitter", "-0.5"), 2, "jitter"),
-    (("serve", "mock", "--max-batch", "0"), 2, "max-batch"),
-    (("serve", "mock", "--output-len", "-1"), 2, "output-len"),
-    (("serve", "mock", "--fail-rate", "1.5"), 2, "fail-rate"),
+    (("serve", "mock", "--max-batch", "0"), 2, "max batch"),
+    (("serve", "mock", "--output-len", "-1"), 2, "output length"),
+    (("serve", "mock", "--fail-rate", "1.5"), 2, "fail rate"),
     (("serve", "mock", "--fail-mode", "explode"), 2, "explode"),
     (("serve", "mock", "--token-rule", "nosuch"), 2, "nosuch"),
     (("serve", "mock", "--context", "0"), 2, "context"),
@@ -168,45 +169,45 @@ CASES: list[tuple[tuple[str, ...], int, str]] = [
     (("serve", "plan", "--profile", "{profile}", "--rate", "5", "--slo", "ttft_p90=soon"), 2, "slo"),
     (("serve", "plan", "--profile", "{profile}", "--rate", "5", "--kv-gbps", "-1"), 2, "kv-gbps"),
     (("serve", "plan", "--profile", "{profile}", "--rate", "5", "--out", "/proc/x/plan.json"), 2, "/proc/x"),
-    (("serve", "plan", "--profile", "{profile}", "--rate", "5", "--out", "{dir}"), 2, "{dir}"),
+    (("serve", "plan", "--profile", "{profile}", "--rate", "5", "--out", "{file}"), 2, "{file}"),
     (("serve", "plan", "--profile", "{profile}", "--traffic", "{bad_json}"), 2, "{bad_json}"),
     # serve pack
-    (("serve", "pack", "--plans", "{missing}", "--nodes", "4"), 2, "{missing}"),
-    (("serve", "pack", "--plans", "{bad_json}", "--nodes", "4"), 2, "{bad_json}"),
-    (("serve", "pack", "--plans", "{file}", "--nodes", "4"), 2, "{file}"),
-    (("serve", "pack", "--plans", "{plan}", "--nodes", "-4"), 2, "nodes"),
-    (("serve", "pack", "--plans", "{plan}", "--nodes", "4", "--time-limit", "-1"), 2, "time-limit"),
-    (("serve", "pack", "--plans", "{plan}", "--nodes", "4", "--workers", "0"), 2, "workers"),
-    (("serve", "pack", "--plans", "{plan}", "--nodes", "4", "--solver", "magic"), 2, "magic"),
-    (("serve", "pack", "--plans", "{plan}", "--nodes", "4", "--out", "{file}"), 2, "{file}"),
-    (("serve", "pack", "--plans", "{plan}", "--nodes", "4", "--out", "/proc/x"), 2, "/proc/x"),
+    (("serve", "pack", "--plans", "{missing}", "--nodes", "8x4"), 2, "{missing}"),
+    (("serve", "pack", "--plans", "{bad_json}", "--nodes", "8x4"), 2, "{bad_json}"),
+    (("serve", "pack", "--plans", "{file}", "--nodes", "8x4"), 2, "{file}"),
+    (("serve", "pack", "--plans", "{plan}", "--nodes", "8x-4"), 2, "nodes"),
+    (("serve", "pack", "--plans", "{plan}", "--nodes", "8x4", "--time-limit", "-1"), 2, "time-limit"),
+    (("serve", "pack", "--plans", "{plan}", "--nodes", "8x4", "--workers", "0"), 2, "workers"),
+    (("serve", "pack", "--plans", "{plan}", "--nodes", "8x4", "--solver", "magic"), 2, "magic"),
+    (("serve", "pack", "--plans", "{plan}", "--nodes", "8x4", "--out", "{file}"), 2, "{file}"),
+    (("serve", "pack", "--plans", "{plan}", "--nodes", "8x4", "--out", "/proc/x"), 2, "/proc/x"),
     # compress
     (("compress", "analyze", "--model", "{missing}"), 2, "{missing}"),
     (("compress", "analyze", "--model", "{bad_model}"), 2, "{bad_model}"),
     (("compress", "analyze", "--model", "{bad_model}", "--tokens", "0"), 2, "tokens"),
-    (("compress", "analyze", "--model", "{bad_model}", "--out", "{file}"), 2, "{file}"),
+    (("compress", "analyze", "--model", "{model}", "--out", "{file}"), 2, "{file}"),
     (("compress", "prune", "--model", "{bad_model}", "--out", "{dir}/pruned"), 2, "{bad_model}"),
     (("compress", "prune", "--model", "{missing}", "--out", "{dir}/pruned"), 2, "{missing}"),
     (("compress", "prune", "--model", "{bad_model}", "--out", "{dir}/p", "--target", "1.5"), 2, "target"),
     (("compress", "prune", "--model", "{bad_model}", "--out", "{dir}/p", "--target", "0"), 2, "target"),
     (("compress", "prune", "--model", "{bad_model}", "--out", "{dir}/p", "--method", "magic"), 2, "magic"),
-    (("compress", "prune", "--model", "{bad_model}", "--out", "{file}"), 2, "{file}"),
-    (("compress", "prune", "--model", "{bad_model}", "--out", "/proc/x/p"), 2, "/proc/x"),
+    (("compress", "prune", "--model", "{model}", "--out", "{file}"), 2, "{file}"),
+    (("compress", "prune", "--model", "{model}", "--out", "/proc/x/p"), 2, "/proc/x"),
     (("compress", "heal", "{missing}", "--out", "{dir}/h"), 2, "{missing}"),
     (("compress", "heal", "{bad_model}", "--out", "{dir}/h", "--steps", "0"), 2, "steps"),
     (("compress", "heal", "{bad_model}", "--out", "{dir}/h", "--lr", "-1"), 2, "lr"),
     (("compress", "heal", "{bad_model}", "--out", "{dir}/h", "--batch", "0"), 2, "batch"),
-    (("compress", "heal", "{bad_model}", "--out", "{file}"), 2, "{file}"),
-    (("compress", "heal-worker", "{missing}"), 2, "{missing}"),
-    (("compress", "heal-worker", "{bad_json}"), 2, "{bad_json}"),
+    (("compress", "heal", "{model}", "--out", "{file}"), 2, "{file}"),
+    (("compress", "heal-worker", "{missing}"), 78, "{missing}"),
+    (("compress", "heal-worker", "{bad_json}"), 78, "{bad_json}"),
     (("compress", "eval", "{missing}", "--dense", "{bad_model}"), 2, "{missing}"),
     (("compress", "eval", "{bad_model}", "--dense", "{bad_model}", "--tokens", "0"), 2, "tokens"),
-    (("compress", "eval", "{bad_model}", "--dense", "{bad_model}", "--out", "{file}"), 2, "{file}"),
+    (("compress", "eval", "{model}", "--dense", "{model}", "--out", "{file}"), 2, "{file}"),
     (("compress", "export", "{bad_model}", "--out", "{dir}/e"), 2, "{bad_model}"),
     (("compress", "export", "{missing}", "--out", "{dir}/e"), 2, "{missing}"),
     (("compress", "export", "{bad_model}", "--out", "{dir}/e", "--formats", "zip"), 2, "zip"),
-    (("compress", "export", "{bad_model}", "--out", "{file}"), 2, "{file}"),
-    (("compress", "export", "{bad_model}", "--out", "/proc/x/e"), 2, "/proc/x"),
+    (("compress", "export", "{model}", "--out", "{file}"), 2, "{file}"),
+    (("compress", "export", "{model}", "--out", "/proc/x/e"), 2, "/proc/x"),
     # metrics, dashboard, mcp
     (("metrics", "show", "{missing}"), 2, "{missing}"),
     (("metrics", "show", "{file}"), 2, "{file}"),
@@ -227,10 +228,10 @@ CASES: list[tuple[tuple[str, ...], int, str]] = [
     (("dashboard", "rules", "-o", "{dir}"), 2, "{dir}"),
     (("dashboard", "rules", "-o", "/proc/x/r.yml"), 2, "/proc/x"),
     (("dashboard", "nosuch"), 2, "no such command"),
-    (("mcp", "--transport", "smoke"), 2, "smoke"),
-    (("mcp", "--transport", "http", "--listen", "0.0.0.0:0"), 2, "0.0.0.0"),
-    (("mcp", "--transport", "http", "--listen", "127.0.0.1:70000"), 2, "70000"),
-    (("mcp", "--transport", "http", "--listen", "127.0.0.1:{busy_port}"), 2, "{busy_port}"),
+    (("mcp", "{dir}", "--transport", "smoke"), 2, "smoke"),
+    (("mcp", "{dir}", "--transport", "http", "--listen", "0.0.0.0:0"), 2, "0.0.0.0"),
+    (("mcp", "{dir}", "--transport", "http", "--listen", "127.0.0.1:70000"), 2, "70000"),
+    (("mcp", "{dir}", "--transport", "http", "--listen", "127.0.0.1:{busy_port}"), 2, "{busy_port}"),
     (("mcp", "{missing}"), 2, "{missing}"),
     (("mcp", "--serve-dir", "{missing}"), 2, "{missing}"),
     (("mcp", "--fleet-dir", "{file}"), 2, "{file}"),
@@ -261,7 +262,8 @@ CASES: list[tuple[tuple[str, ...], int, str]] = [
 def plan_file(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A valid capacity plan (``serve plan`` of a shipped profile)."""
     out = tmp_path_factory.mktemp("plan")
-    result = gpufleet("serve", "plan", "--profile", "opt-13b-a100", "--traffic", "rate=2", "--out", out)
+    small = ("--sim-requests", "100", "--max-gpus", "8", "--mode", "aggregated", "--out", out)
+    result = gpufleet("serve", "plan", "--profile", "opt-13b-a100", "--traffic", "rate=2", *small)
     assert result.returncode == 0, result.stderr
     return str(out / "plan.json")
 
@@ -284,6 +286,8 @@ def paths(tmp_path: Path, plan_file: str, busy_port: int) -> dict[str, str]:
         (root / name / "ledger.jsonl").write_bytes(b"\xff\xfe\x00garbage\x9c\x80\n")
     (root / "bad-model").mkdir()
     (root / "bad-model" / "config.json").write_text('{"model_type": "lla')
+    (root / "model").mkdir()  # passes the checks before loading; nothing here loads it
+    (root / "model" / "config.json").write_text('{"model_type": "llama"}')
     (root / "bad.json").write_text('{"schema": "gpufleet.')
     return {
         "root": str(root),
@@ -293,6 +297,7 @@ def paths(tmp_path: Path, plan_file: str, busy_port: int) -> dict[str, str]:
         "garbage_run": str(root / "garbage-run"),
         "garbage_fleet": str(root / "garbage-fleet"),
         "bad_model": str(root / "bad-model"),
+        "model": str(root / "model"),
         "bad_json": str(root / "bad.json"),
         "profile": "opt-13b-a100",
         "plan": plan_file,

@@ -12,7 +12,6 @@ Mooncake trace.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from gpufleet.core.errors import UsageError
+from gpufleet.core.paths import read_json
 from gpufleet.serve.common.workload import PRESETS, LengthDist, load_mooncake, parse_dist
 from gpufleet.serve.plan.sim import Requests
 
@@ -164,14 +164,9 @@ def load_traffic(text: str, rate: float | None = None) -> Traffic:
             np.array([e.output_length for e in tw.entries]),
         )
     elif text.endswith(".json"):
-        try:
-            d = json.loads(p.read_text())
-        except OSError as e:
-            raise UsageError(f"cannot read traffic {text}: {e.strerror or e}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise UsageError(f"traffic {p.name}: not valid JSON") from None
+        d = read_json(p, "traffic file")
         if not isinstance(d, dict) or "rate" not in d:
-            raise UsageError(f"traffic {p.name}: needs an object with rate, input, output[, cv]")
+            raise UsageError(f"traffic {p}: needs an object with rate, input, output[, cv]")
         t = Traffic(
             _rate(str(d["rate"])),
             parse_dist(str(d.get("input", "lognormal:512,0.6")), "traffic input"),
