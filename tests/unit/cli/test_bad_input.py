@@ -1,12 +1,13 @@
 """Bad input for every command, in this process: one line on stderr, the documented exit code, no
-traceback, and nothing changed on disk (the working directory and every path named are snapshotted).
+traceback, and nothing changed on disk (the working directory, which holds every path named, is
+snapshotted before and after).
 
 Each row is (argv, exit code, a substring that line must contain). Placeholders name the fixture's
 paths: {file} an existing file, {dir} an existing empty directory, {missing} a path that does not exist,
-{garbage_run} a run directory whose ledger holds a line of binary garbage, {garbage_fleet} a fleet
-directory like it, {bad_model} a model directory with a truncated config.json, {model} one whose config.json passes
-the checks made before loading (nothing loads it), {bad_json} a truncated
-JSON file, {py} this Python.
+{garbage_run} a run directory whose ledger holds a line of binary garbage, {bad_model} a model
+directory with a truncated config.json, {model} one whose config.json passes the checks made before
+loading (nothing loads it), {bad_json} a truncated JSON file, {profile} a shipped serving profile,
+{plan} a valid capacity plan, {busy_port} a port something listens on, {py} this Python.
 """
 
 from __future__ import annotations
@@ -281,9 +282,8 @@ def paths(tmp_path: Path, plan_file: str, busy_port: int) -> dict[str, str]:
     root = tmp_path / "work"
     (root / "adir").mkdir(parents=True)
     (root / "afile.txt").write_text("hello\n")
-    for name in ("garbage-run", "garbage-fleet"):
-        (root / name).mkdir()
-        (root / name / "ledger.jsonl").write_bytes(b"\xff\xfe\x00garbage\x9c\x80\n")
+    (root / "garbage-run").mkdir()
+    (root / "garbage-run" / "ledger.jsonl").write_bytes(b"\xff\xfe\x00garbage\x9c\x80\n")
     (root / "bad-model").mkdir()
     (root / "bad-model" / "config.json").write_text('{"model_type": "lla')
     (root / "model").mkdir()  # passes the checks before loading; nothing here loads it
@@ -295,7 +295,6 @@ def paths(tmp_path: Path, plan_file: str, busy_port: int) -> dict[str, str]:
         "dir": str(root / "adir"),
         "missing": str(root / "missing"),
         "garbage_run": str(root / "garbage-run"),
-        "garbage_fleet": str(root / "garbage-fleet"),
         "bad_model": str(root / "bad-model"),
         "model": str(root / "model"),
         "bad_json": str(root / "bad.json"),
