@@ -62,13 +62,10 @@ class ToyReferences:
 
 
 def assert_usage_error(run_dir: Path, flags: list[str], needle: str) -> None:
-    """`gpufleet run --run-dir RUN_DIR FLAGS` fails as bad input must: exit 2, one line on stderr naming
-    ``needle``, no traceback, nothing written to the ledger."""
-    p = subprocess.run([*GPUFLEET, "run", "--run-dir", str(run_dir), *flags], capture_output=True, text=True,
-                       timeout=60)  # fmt: skip
-    assert p.returncode == 2, (p.stdout, p.stderr)
-    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and needle in lines[0], p.stderr
-    assert "Traceback" not in p.stderr
+    """`gpufleet run --run-dir RUN_DIR FLAGS` (in this process: it fails before any launch) fails as bad
+    input must: exit 2, one line on stderr naming ``needle``, no traceback, nothing written to the ledger."""
+    from support.cli import assert_one_line_error, gpufleet
+
+    assert_one_line_error(gpufleet("run", "--run-dir", run_dir, *flags), 2, needle)
     ledger = run_dir / "ledger.jsonl"
     assert not ledger.exists() or ledger.stat().st_size == 0

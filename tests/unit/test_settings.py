@@ -162,7 +162,7 @@ def test_supervisor_config_sees_the_environment_workers_will_inherit(monkeypatch
 
 
 def test_supervisor_config_parses_its_drills_and_records_itself():
-    cfg = SupervisorConfig(command=["python", "t.py"], inject=["kill:rank=1,step=4", "nan:step=9"])
+    cfg = SupervisorConfig(command=["python", "t.py"], nproc=2, inject=["kill:rank=1,step=4", "nan:step=9"])
     assert [f.kind for f in cfg.faults] == ["kill", "nan"]
     pub = cfg.public()
     assert pub["inject"] == ["kill:rank=1,step=4", "nan:step=9"] and "faults" not in pub

@@ -63,7 +63,7 @@ def list_cmd(directory: str = typer.Argument(..., metavar="DIR", help=_DIR_HELP)
 @app.command("verify")
 def verify_cmd(
     directory: str = typer.Argument(..., metavar="DIR", help=_DIR_HELP),
-    step: int | None = typer.Option(None, "--step", help="verify only this step"),
+    step: int | None = typer.Option(None, "--step", min=0, help="verify only this step"),
 ) -> None:
     """Check every file's size and xxh3 checksum against the manifest. Exit 1 if any fails."""
     from gpufleet.checkpoint.manifest import parse_step

@@ -47,6 +47,18 @@ def _choice(kind: Any, value: str, flag: str) -> Any:
         raise UsageError(f"{flag} must be one of {', '.join(x.value for x in kind)}, got {value!r}") from None
 
 
+def _check_paths(models: list[str | Path | None], out: Path, run_dir: Path | None = None) -> None:
+    """The input models (None: the default one) and the output directories, before any work."""
+    from gpufleet.compress.model import check_model
+    from gpufleet.core.paths import output_dir
+
+    for m in models:
+        check_model(m)
+    output_dir(out, "--out")
+    if run_dir is not None:
+        output_dir(run_dir, "--run-dir")
+
+
 def _emit(res: dict[str, Any], json_out: bool) -> bool:
     if json_out:
         typer.echo(json.dumps(res, indent=1, default=str))
@@ -79,18 +91,11 @@ def analyze_cmd(
     from gpufleet.compress.config import AnalyzeConfig
     from gpufleet.compress.pipeline import analyze
 
-    res = analyze(
-        AnalyzeConfig(
-            model=model,
-            domain=domain,
-            general=general,
-            tokens=tokens,
-            calib_per_file=calib_per_file,
-            bf16=bf16,
-        ),
-        out=out,
-        progress=_progress(),
+    cfg = AnalyzeConfig(
+        model=model, domain=domain, general=general, tokens=tokens, calib_per_file=calib_per_file, bf16=bf16
     )
+    _check_paths(models=[model], out=out)
+    res = analyze(cfg, out=out, progress=_progress())
     if _emit(res, json_out):
         return
     t = Table(title=f"Block Influence per layer ({res['domain']['tokens']} tokens each)")
@@ -207,6 +212,7 @@ def prune_cmd(
         calib_per_file=calib_per_file,
         bf16=bf16,
     )
+    _check_paths(models=[model], out=out)
     res = prune(cfg, progress=_progress())
     if _emit(res, json_out):
         return
@@ -271,8 +277,9 @@ def heal_cmd(
         seed=seed,
         pool_per_file=pool_per_file,
     )
-    check(cfg)  # bad student, teacher, tokenizers or corpus: one line, exit 2, before any worker
     rd = run_dir or out.with_name(out.name + ".run")
+    _check_paths(models=[student], out=out, run_dir=rd)
+    check(cfg)  # bad student, teacher, tokenizers or corpus: one line, exit 2, before any worker
     rd.mkdir(parents=True, exist_ok=True)
     spec = rd / "heal_config.json"
     spec.write_text(config_to_json(cfg) + "\n")
@@ -307,10 +314,11 @@ def heal_worker_cmd(
 ) -> None:
     """The training script `compress heal` supervises (a user of the public run API)."""
     import gpufleet
-    from gpufleet.compress.heal import config_from_json, prepare, train
+    from gpufleet.compress.heal import config_from_dict, prepare, train
+    from gpufleet.core.paths import read_json
 
     try:
-        job = prepare(config_from_json(spec.read_text()))
+        job = prepare(config_from_dict(read_json(spec, "heal config")))
     except UsageError as e:  # the same input fails the same way after a restart: exit 78, run ends with 2
         from gpufleet.core.exitcodes import ExitCode
 
@@ -343,19 +351,17 @@ def eval_cmd(
     from gpufleet.compress.config import EvalConfig
     from gpufleet.compress.pipeline import evaluate
 
-    res = evaluate(
-        EvalConfig(
-            dense=dense,
-            models=tuple(models),
-            domain=domain,
-            general=general,
-            tokens=tokens,
-            speed=speed,
-            bf16=bf16,
-        ),
-        out=out,
-        progress=_progress(),
+    cfg = EvalConfig(
+        dense=dense,
+        models=tuple(models),
+        domain=domain,
+        general=general,
+        tokens=tokens,
+        speed=speed,
+        bf16=bf16,
     )
+    _check_paths(models=[*models, dense], out=out)
+    res = evaluate(cfg, out=out, progress=_progress())
     if _emit(res, json_out):
         return
     cols = ["model", "params", "domain_ppl", "general_ppl", "domain_ratio", "general_ratio", "selectivity"]
@@ -384,6 +390,7 @@ def export_cmd(
     bad = [f for f in fmts if f not in ("hf", "f16", "q8_0")]
     if bad or not fmts:
         raise UsageError(f"--formats takes hf, f16, q8_0; got {formats!r}")
+    _check_paths(models=[model], out=out)
     res = export(model, out, formats=fmts, progress=_progress())
     if _emit(res, json_out):
         return

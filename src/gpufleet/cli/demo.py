@@ -12,13 +12,15 @@ __all__ = ["register"]
 
 def demo(
     dir: Path = typer.Option(Path("runs/demo"), "--dir", help="Where the reference and faulted runs go."),
-    steps: int = typer.Option(400, "--steps", help="Training steps of each run."),
-    nproc: int = typer.Option(2, "--nproc", "-n", help="Worker processes per run."),
+    steps: int = typer.Option(400, "--steps", min=1, max=1_000_000, help="Training steps of each run."),
+    nproc: int = typer.Option(2, "--nproc", "-n", min=1, max=64, help="Worker processes per run."),
     seed: int = typer.Option(1234, "--seed", help="Seed of model init, dropout and data order."),
     no_reference: bool = typer.Option(
         False, "--no-reference", help="Skip the reference run (reuse DIR/reference if it matches)."
     ),
-    checkpoint_every: int = typer.Option(25, "--checkpoint-every", help="Checkpoint interval in steps."),
+    checkpoint_every: int = typer.Option(
+        25, "--checkpoint-every", min=1, help="Checkpoint interval in steps."
+    ),
     progress: bool | None = typer.Option(
         None, "--progress/--no-progress", help="Live progress view (default: when stderr is a terminal)."
     ),
@@ -33,8 +35,10 @@ def demo(
     """Run the fault-tolerance demo: reference run, faulted run, report, exact-recovery check."""
     from rich.console import Console
 
+    from gpufleet.core.paths import output_dir
     from gpufleet.demo.runner import DemoConfig, run_demo
 
+    output_dir(dir, "--dir")
     cfg = DemoConfig(
         dir=dir,
         steps=steps,

@@ -80,6 +80,7 @@ def simulate(
     json_out: Annotated[bool, typer.Option("--json", help="Print the gpufleet.fleet/1 JSON object.")] = False,
 ) -> None:
     """Simulate a job on a fleet: interruptions by cause, MTBF, goodput and badput per strategy (95% CIs)."""
+    from gpufleet.core.paths import input_dir, output_dir
     from gpufleet.core.units import parse_duration
     from gpufleet.fleet.simulate import FleetRequest, run
 
@@ -100,6 +101,12 @@ def simulate(
         only=list(strategy or []),
         sweep=not no_sweep,
     )
+    req.validate()
+    out = plot_dir or ((from_run / "fleet") if from_run is not None else Path("fleet-sim"))
+    if from_run is not None:
+        input_dir(from_run, "--from-run")
+    if not no_plot:
+        output_dir(out, "--plot-dir")
     if json_out or not sys.stderr.isatty():
         summary = run(req)
     else:
@@ -110,7 +117,6 @@ def simulate(
     if not no_plot:
         from gpufleet.fleet.render import write_plots
 
-        out = plot_dir or ((from_run / "fleet") if from_run is not None else Path("fleet-sim"))
         summary.update(write_plots(summary, out))
     if json_out:
         typer.echo(json.dumps(summary, indent=2))

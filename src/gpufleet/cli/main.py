@@ -1,7 +1,10 @@
 """Entry point of the ``gpufleet`` CLI.
 
 Every command module stays light at import time; heavy libraries load inside the command.
-User errors (bad flags, bad config, bad input) become one line on stderr and exit code 2.
+:func:`main` is the CLI's one error boundary: an error from the tree in gpufleet.core.errors becomes one
+line on stderr and that error's ``exit_code`` (2 for bad flags, config or input; 1 for a failure at run
+time). An ``OSError`` that no command turned into such an error becomes one line naming its path, exit 1.
+Commands raise; they do not print their own errors or exit.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import sys
 
 import typer
 
-from gpufleet.core.errors import GpufleetError, SupervisorError, UsageError
+from gpufleet.core.errors import GpufleetError, SupervisorError
 from gpufleet.core.exitcodes import ExitCode
 
 app = typer.Typer(
@@ -77,25 +80,38 @@ def fail(message: str, code: int = ExitCode.USAGE) -> None:
     raise SystemExit(code)
 
 
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+def _os_message(e: OSError) -> str:
+    """``PATH: reason`` for an OSError (both paths of a rename or link)."""
+    reason = e.strerror or _one_line(e)
+    paths = [str(p) for p in (e.filename, e.filename2) if p is not None]
+    return f"{' -> '.join(paths)}: {reason}" if paths else reason
+
+
 def main(argv: list[str] | None = None) -> None:
     _register()
     try:
         rv = app(args=argv, standalone_mode=False)
     except typer.Exit as e:
         raise SystemExit(e.exit_code) from None
-    except typer.Abort:
+    except (typer.Abort, KeyboardInterrupt):
         fail("aborted", ExitCode.INTERRUPTED)
     except typer.TyperException as e:  # bad flags (Typer's usage errors): one line, exit 2
         if type(e).__name__ == "NoArgsIsHelpError":  # help was printed
             raise SystemExit(0) from None
-        fail(e.format_message().replace("\n", " "), ExitCode.USAGE)
+        fail(_one_line(e.format_message()), ExitCode.USAGE)
     except SupervisorError as e:
-        print(f"gpufleet: {e}", file=sys.stderr)
+        print(f"gpufleet: {_one_line(e)}", file=sys.stderr)
         raise SystemExit(e.exit_code) from None
-    except UsageError as e:
-        fail(str(e).replace("\n", " "), ExitCode.USAGE)
     except GpufleetError as e:
-        fail(str(e).replace("\n", " "), ExitCode.FAILED)
+        fail(_one_line(e), e.exit_code)
+    except OSError as e:  # an I/O failure at run time that no command named more precisely
+        fail(_os_message(e), ExitCode.FAILED)
+    except UnicodeDecodeError as e:  # input that is not text, read where no path was known
+        fail(f"input is not UTF-8 text ({_one_line(e.reason)} at byte {e.start})", ExitCode.USAGE)
     raise SystemExit(rv if isinstance(rv, int) else 0)
 
 

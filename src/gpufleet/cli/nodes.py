@@ -44,6 +44,10 @@ def nodes(
     from gpufleet.health.nodes import exclude_list, node_table
     from gpufleet.health.nodes import fleet_dir as resolve
 
+    if fleet_dir is not None:  # named: it must be there (the default may not exist yet)
+        from gpufleet.core.paths import input_dir
+
+        input_dir(fleet_dir, "--fleet-dir")
     now = time.time()
     rows = node_table(fleet_dir, now=now, lemon_failures=lemon_failures, lemon_window_days=lemon_window_days)
     excl = exclude_list(

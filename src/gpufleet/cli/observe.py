@@ -171,6 +171,7 @@ def metrics_textfile(
 
     if output.suffix != ".prom":
         raise UsageError(f"--output {output}: node-exporter reads only *.prom files")
+    _check_output(output)
     req = SourceRequest.from_flags(dirs, fleet_dir, no_fleet, serve_dir)
     print(f"gpufleet: wrote {write_textfile(req.sources(), output)}", file=sys.stderr)
 
@@ -194,6 +195,9 @@ def metrics_push(
 
     if not gateway:
         raise UsageError("--gateway is required, e.g. --gateway http://127.0.0.1:9091")
+    scheme = gateway.partition("://")[0] if "://" in gateway else "http"
+    if scheme not in ("http", "https") or not gateway.isprintable() or any(c.isspace() for c in gateway):
+        raise UsageError(f"--gateway {gateway!r}: expected HOST:PORT or an http(s):// URL")
     if not job.replace("_", "").replace("-", "").isalnum():
         raise UsageError(f"--job {job!r}: letters, digits, '-' and '_' only")
     if instance is None:
@@ -205,6 +209,13 @@ def metrics_push(
 
 
 OutOpt = Annotated[Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")]
+
+
+def _check_output(output: Path | None) -> None:
+    if output is not None:
+        from gpufleet.core.paths import output_file
+
+        output_file(output, "--output")
 
 
 def _write(text: str, output: Path | None) -> None:
@@ -229,6 +240,7 @@ def dashboard_export(
 
     if not uid or len(uid) > 40:
         raise UsageError("--uid must be 1 to 40 characters")
+    _check_output(output)
     _write(export_json(title, uid), output)
 
 
@@ -237,6 +249,7 @@ def dashboard_rules(output: OutOpt = None) -> None:
     """Prometheus alert rules: stalled run, breaker tripped, drained-node surge, checkpoint failures."""
     from gpufleet.observe.rules import rules_yaml
 
+    _check_output(output)
     _write(rules_yaml(), output)
 
 
@@ -270,13 +283,20 @@ def mcp_command(
 
       gpufleet mcp runs/ --transport http --listen 127.0.0.1:8765   (streamable HTTP at /mcp)
     """
-    from gpufleet.observe.exporter import parse_listen
+    from gpufleet.observe.exporter import check_bindable, parse_listen
     from gpufleet.observe.mcp_server import McpConfig, build_server
 
     if transport not in ("stdio", "http"):
         raise UsageError(f"--transport must be stdio or http, not {transport!r}")
     where = parse_listen(listen, "--listen")
     req = SourceRequest.from_flags(dirs, fleet_dir, no_fleet, serve_dir)
+    if transport == "http":
+        if not where.loopback:  # the MCP endpoint has no authentication
+            raise UsageError(
+                f"--listen {listen}: not a loopback address; the MCP server has no authentication, so it "
+                "listens on loopback only (reach it through an authenticating proxy)"
+            )
+        check_bindable(where, "--listen")
     if allow_actions and req.fleet_dir is None:
         raise UsageError("--allow-actions needs a fleet directory (--fleet-dir): actions are audited there")
     cfg = McpConfig(

@@ -31,15 +31,17 @@ def report(
     import json
 
     from gpufleet.core.ledger import LEDGER_NAME, read_events
+    from gpufleet.core.paths import input_dir, output_file
     from gpufleet.reliability.metrics import summarize
 
-    if not run_dir.is_dir():
-        raise UsageError(f"run directory not found: {run_dir}")
+    input_dir(run_dir, "run directory")
     ledger = run_dir / LEDGER_NAME
     if not ledger.is_file():
         raise UsageError(
             f"no ledger in {run_dir} (expected {LEDGER_NAME}); is this a gpufleet run directory?"
         )
+    if not no_plot and (plot is not None or not json_out):
+        output_file(plot if plot is not None else run_dir / "timeline.png", "--plot")
     events = read_events(ledger)
     if not events:
         raise UsageError(f"the ledger {ledger} holds no events")

@@ -219,12 +219,13 @@ def run_command(
             "(ADDR defaults to 127.0.0.1; docs/observability.md).",
         ),
     ] = None,
-    nodes: Annotated[int | None, typer.Option(help="slurm/srun/ray: nodes to train on.")] = None,
+    nodes: Annotated[int | None, typer.Option(min=1, help="slurm/srun/ray: nodes to train on.")] = None,
     spare_nodes: Annotated[
-        int, typer.Option(help="slurm: extra nodes allocated as hot spares for a lost node.")
+        int, typer.Option(min=0, help="slurm: extra nodes allocated as hot spares for a lost node.")
     ] = 0,
     min_nodes: Annotated[
-        int | None, typer.Option(help="slurm/srun/ray: go on with fewer nodes down to this; else requeue.")
+        int | None,
+        typer.Option(min=1, help="slurm/srun/ray: go on with fewer nodes down to this; else requeue."),
     ] = None,
     partition: Annotated[str | None, typer.Option(help="slurm: partition.")] = None,
     time_limit: Annotated[str | None, typer.Option("--time", help="slurm: time limit (HH:MM:SS).")] = None,
@@ -245,7 +246,10 @@ def run_command(
         str | None, typer.Option(help="k8s: ReadWriteMany PVC for the run directory (else use --upload).")
     ] = None,
 ) -> int:
+    from gpufleet.core.paths import output_dir
+
     request = RunRequest.from_flags(ctx.params, list(ctx.args), tty=sys.stderr.isatty())
+    output_dir(request.config.run_dir, "--run-dir")
     if request.submitter is not None:
         cfg = request.config
         return request.submitter.submit(list(cfg.command), cfg.nproc, cfg.run_dir, _supervisor_flags(ctx))

@@ -28,6 +28,7 @@ from gpufleet.compress import corpus
 from gpufleet.compress.config import HealConfig
 from gpufleet.compress.model import load, use_bf16
 from gpufleet.core.errors import UsageError
+from gpufleet.core.paths import read_json
 
 __all__ = [
     "RunLike",
@@ -62,7 +63,11 @@ def config_to_json(cfg: HealConfig) -> str:
 
 
 def config_from_json(text: str) -> HealConfig:
-    d = json.loads(text)
+    return config_from_dict(json.loads(text))
+
+
+def config_from_dict(d: dict[str, Any]) -> HealConfig:
+    """The config ``config_to_json`` wrote, parsed back."""
     for k in ("student", "out"):
         d[k] = Path(d[k])
     return HealConfig(**d)
@@ -113,7 +118,7 @@ class HealJob:
             raise UsageError(f"{cfg.student}: no teacher given and no source in its compress.json")
         teacher = load(teacher_src)
         vids_file = cfg.student / "vocab_ids.json"
-        self.vocab_ids = json.loads(vids_file.read_text()) if vids_file.is_file() else None
+        self.vocab_ids = read_json(vids_file, "vocabulary map") if vids_file.is_file() else None
         _check_vocab(teacher.tokenizer, student.tokenizer, self.vocab_ids)
         self.teacher = teacher.model.eval().requires_grad_(False)
         self.tokenizer = student.tokenizer
@@ -239,14 +244,14 @@ def check(cfg: HealConfig) -> str:
     if not (cfg.student / "config.json").is_file():
         raise UsageError(f"{cfg.student}: not a Hugging Face model directory (no config.json)")
     prov_file = cfg.student / PROVENANCE
-    prov = json.loads(prov_file.read_text()) if prov_file.is_file() else {}
+    prov = read_json(prov_file, "provenance file") if prov_file.is_file() else {}
     teacher = cfg.teacher or prov.get("source")
     if not teacher:
         raise UsageError(f"{cfg.student}: no --teacher given and no source in its {PROVENANCE}")
     if not Path(teacher).exists():
         raise UsageError(f"teacher not found: {teacher}")
     vids_file = cfg.student / "vocab_ids.json"
-    vids = json.loads(vids_file.read_text()) if vids_file.is_file() else None
+    vids = read_json(vids_file, "vocabulary map") if vids_file.is_file() else None
     _check_vocab(_tokenizer_of(teacher), _tokenizer_of(str(cfg.student)), vids)
     corpus.tokens(_tokenizer_of(str(cfg.student)), cfg.domain, "train", 16)  # empty corpus: UsageError
     return teacher

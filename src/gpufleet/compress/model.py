@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufleet.core.errors import UsageError
+from gpufleet.core.errors import InputError, UsageError
+from gpufleet.core.paths import read_json
 
 __all__ = [
     "Loaded",
     "load",
+    "check_model",
     "check_tokenizer",
     "default_model_path",
     "SUPPORTED_ARCHS",
@@ -130,10 +131,9 @@ def _quiet_gguf_bar() -> None:
     gguf_utils.tqdm = functools.partial(tqdm, disable=True)
 
 
-def load(path: str | Path | None = None) -> Loaded:
-    """Load ``path`` (a ``.gguf`` file or a HF model directory; None: SmolLM2-135M) as plain fp32.
-
-    The input is checked (exists, format, architecture) before torch and transformers load."""
+def check_model(path: str | Path | None = None) -> Path:
+    """``path`` (None: SmolLM2-135M) checked as :func:`load` would take it: it exists, is a ``.gguf`` file
+    or a HF model directory with a readable config.json, of a supported architecture. Cheap: no torch."""
     p = Path(path) if path is not None else default_model_path()
     if not p.exists():
         raise UsageError(f"model not found: {p}")
@@ -145,7 +145,18 @@ def load(path: str | Path | None = None) -> Loaded:
         cfg_file = p / "config.json"
         if not cfg_file.is_file():
             raise UsageError(f"{p}: no config.json (not a Hugging Face model directory)")
-        _check_arch(json.loads(cfg_file.read_text()).get("model_type", "?"), p)
+        config = read_json(cfg_file, "model config")
+        if not isinstance(config, dict):
+            raise InputError(cfg_file, "model config is not a JSON object")
+        _check_arch(config.get("model_type", "?"), p)
+    return p
+
+
+def load(path: str | Path | None = None) -> Loaded:
+    """Load ``path`` (a ``.gguf`` file or a HF model directory; None: SmolLM2-135M) as plain fp32.
+
+    The input is checked (:func:`check_model`) before torch and transformers load."""
+    p = check_model(path)
     import torch
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -171,7 +182,7 @@ def load(path: str | Path | None = None) -> Loaded:
     tok = AutoTokenizer.from_pretrained(str(p))
     check_tokenizer(tok, model.config, p)
     prov_file = p / PROVENANCE
-    prov = json.loads(prov_file.read_text()) if prov_file.is_file() else {}
+    prov = read_json(prov_file, "provenance file") if prov_file.is_file() else {}
     return Loaded(model=model, tokenizer=tok, source=str(p), provenance=prov)
 
 

@@ -20,6 +20,7 @@ from gpufleet.compress import reconstruct as rc
 from gpufleet.compress.config import AnalyzeConfig, EvalConfig, Method, PruneConfig
 from gpufleet.compress.model import Loaded, load, param_count, use_bf16
 from gpufleet.core.errors import UsageError
+from gpufleet.core.paths import read_json
 
 __all__ = ["analyze", "prune", "evaluate", "export", "estimate_params", "layer_flops", "Progress"]
 
@@ -350,7 +351,7 @@ def _search(
 
 def _vocab_ids(path: Path) -> list[int] | None:
     f = path / "vocab_ids.json"
-    return json.loads(f.read_text()) if f.is_file() else None
+    return read_json(f, "vocabulary map") if f.is_file() else None
 
 
 def evaluate(cfg: EvalConfig, *, out: Path | None = None, progress: Progress = _quiet) -> dict[str, Any]:

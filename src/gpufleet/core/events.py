@@ -37,15 +37,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
-from gpufleet.core.errors import GpufleetError
+from gpufleet.core.errors import EventSchemaError
 
 LEDGER_VERSION = 1
 """The format version written as ``v`` on every line. Bump it when a field changes meaning or is
 removed; adding an optional field or a kind does not need a bump (old readers ignore both)."""
-
-
-class EventSchemaError(GpufleetError, ValueError):
-    """An event does not fit its kind's schema (unknown kind or field, missing field, wrong type)."""
 
 
 # ---------------------------------------------------------------------------------- closed sets

@@ -145,7 +145,7 @@ def iter_events(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
                 break  # torn last line of a crashed writer
             try:
                 rec = json.loads(raw)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, UnicodeDecodeError):  # garbled: binary garbage is not UTF-8
                 continue
             if isinstance(rec, dict) and "ev" in rec:
                 yield rec

@@ -19,6 +19,14 @@ SWEEP_GPUS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 100000)
 """Job sizes of the goodput-vs-size plot."""
 
 
+MAX_GPUS = 1_000_000
+"""The largest job simulated (``--gpus``): ten times the largest sweep point, and its arrays fit in memory."""
+MAX_DAYS = 3650.0
+"""The longest wall time simulated (``--days``)."""
+MAX_REPLICATES = 100_000
+"""The most Monte Carlo replicates (``--replicates``)."""
+
+
 @dataclass(kw_only=True, slots=True)
 class FleetRequest:
     profile: str = "llama3-h100"
@@ -41,12 +49,12 @@ class FleetRequest:
     sweep_replicates: int = 100
 
     def validate(self) -> None:
-        if self.gpus is not None and self.gpus < 1:
-            raise ConfigError(f"--gpus must be at least 1, got {self.gpus}")
-        if self.days is not None and not (self.days > 0 and math.isfinite(self.days)):
-            raise ConfigError(f"--days must be > 0, got {self.days}")
-        if self.replicates < 2:
-            raise ConfigError(f"--replicates must be at least 2, got {self.replicates}")
+        if self.gpus is not None and not 1 <= self.gpus <= MAX_GPUS:
+            raise ConfigError(f"--gpus must be 1 to {MAX_GPUS:,}, got {self.gpus}")
+        if self.days is not None and not (0 < self.days <= MAX_DAYS):
+            raise ConfigError(f"--days must be > 0 and <= {MAX_DAYS:g}, got {self.days}")
+        if not 2 <= self.replicates <= MAX_REPLICATES:
+            raise ConfigError(f"--replicates must be 2 to {MAX_REPLICATES:,}, got {self.replicates}")
         if self.interval_s is not None and not (self.interval_s > 0 and math.isfinite(self.interval_s)):
             raise ConfigError(f"--interval must be > 0 seconds or 'auto', got {self.interval_s}")
         if self.spares is not None and self.spares < 0:

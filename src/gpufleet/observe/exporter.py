@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -62,6 +63,18 @@ def parse_listen(text: str, flag: str = "--metrics") -> Listen:
         except ValueError:
             raise UsageError(f"{flag} {text!r}: {host!r} is not an IP address (or localhost)") from None
     return Listen(host, port)
+
+
+def check_bindable(where: Listen, flag: str = "--listen") -> None:
+    """Bind ``where`` and let go: a busy or foreign address fails here, in one line, before a server
+    announces itself (port 0 always binds)."""
+    family = socket.AF_INET6 if ":" in where.host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.bind((where.host, where.port))
+    except OSError as e:
+        reason = e.strerror or str(e)
+        raise UsageError(f"{flag} {where.host}:{where.port}: cannot listen there: {reason}") from None
 
 
 class GpufleetCollector:

@@ -113,7 +113,7 @@ def serve(order: dict[str, Any], orders: IO[str], apply: Any) -> None:
             _run_script(argv, module)
             return  # the script ended normally: the process exits 0 (or the script's own code)
         except BaseException as exc:
-            from gpufleet.train.recovery import RebuildRound
+            from gpufleet.core.errors import RebuildRound
 
             if isinstance(exc, RebuildRound):  # its round's other ranks build: so must this one
                 del exc

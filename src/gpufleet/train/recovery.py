@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from gpufleet.core import events as E
 from gpufleet.core.env import Platform
-from gpufleet.core.errors import GpufleetError
+from gpufleet.core.errors import RebuildRound
 from gpufleet.core.exitcodes import ExitCode
 from gpufleet.core.ledger import EventSink
 from gpufleet.core.settings import Env, RunSettings
@@ -46,19 +46,13 @@ if TYPE_CHECKING:
     from gpufleet.train.checkpointing import Checkpointer
     from gpufleet.train.exactddp import DDPWatcher
 
-__all__ = ["ABANDON_WAIT_S", "HeldRestore", "RebuildRound", "Recovery", "read_order"]
+__all__ = ["ABANDON_WAIT_S", "HeldRestore", "Recovery", "read_order"]
 
 # How long an abandoned round's checkpoint engine may take to notice its dead peer and stop.
 ABANDON_WAIT_S = 5.0
 
 # Puts a loaded state dict (of commit ``step``, with its meta) into the objects; returns its skip windows.
 Apply = Callable[[dict[str, Any], int, dict[str, Any]], list[list[int]]]
-
-
-class RebuildRound(GpufleetError):
-    """This rank must run its script again: the new round's other ranks build their objects (DDP's
-    constructor is a collective), or a hot spare was promoted to another rank than it built for. The
-    in-process harness catches it (train/inprocess.py) with the round's order already applied."""
 
 
 def read_order() -> dict[str, Any]:

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from gpufleet.core import events as E
 from gpufleet.core.env import Platform
-from gpufleet.core.errors import ConfigError, GpufleetError
+from gpufleet.core.errors import CheckpointError, ConfigError, GpufleetError, SpikeDetected
 from gpufleet.core.exitcodes import ExitCode
 from gpufleet.core.launch import LaunchEnv
 from gpufleet.core.ledger import EventSink, Ledger, NullSink, PipeSink
@@ -45,10 +45,6 @@ if TYPE_CHECKING:
     from gpufleet.train.exactddp import DDPWatcher, Layout
 
 __all__ = ["Run", "init", "SpikeDetected"]
-
-
-class SpikeDetected(GpufleetError):
-    """Raised in standalone runs when the loss guard fires (under a supervisor the rank exits instead)."""
 
 
 def _setup_distributed(choice: str, *, placeholder: bool = False) -> tuple[int, int, int, torch.device]:

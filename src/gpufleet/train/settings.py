@@ -12,6 +12,7 @@ read (the variable table and the worker contract).
 
 from __future__ import annotations
 
+import shutil
 from typing import Any, Literal
 
 from pydantic import (
@@ -28,7 +29,10 @@ from gpufleet.core.errors import ConfigError
 from gpufleet.core.settings import SETTING_FLAG, RunSettings, validation_message
 from gpufleet.train.faults import Fault, parse_faults
 
-__all__ = ["SupervisorConfig", "FLAGS"]
+__all__ = ["SupervisorConfig", "FLAGS", "MAX_NPROC"]
+
+MAX_NPROC = 1024
+"""The most worker processes one node runs (``--nproc-per-node``)."""
 
 # SupervisorConfig field -> the `gpufleet run` flag that sets it (errors name the flag)
 FLAGS: dict[str, str] = {
@@ -67,7 +71,7 @@ class SupervisorConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     command: list[str] = Field(min_length=1)
-    nproc: int = Field(1, ge=1)
+    nproc: int = Field(1, ge=1, le=MAX_NPROC)
     run_dir: str = Field("runs/default", min_length=1)
     backend: str = "local"
     max_restarts: int = Field(10, ge=0)  # within any `restart_window` steps: a rate
@@ -119,9 +123,20 @@ class SupervisorConfig(BaseModel):
     def _check_workers(self) -> SupervisorConfig:
         # Both raise ConfigError/UsageError (not ValueError), which pydantic lets through unchanged.
         self._faults = parse_faults(self.inject)
+        self._check_fault_ranks()
         self._worker = RunSettings.for_workers(self.worker_overrides())
         self._check_resources()
         return self
+
+    def _check_fault_ranks(self) -> None:
+        """A drill aimed at a rank the run does not have would never fire: refuse it before launch."""
+        nodes = self.backend_options.get("nodes") or 1
+        world = self.nproc * nodes
+        for f in self._faults:
+            if f.rank is not None and not 0 <= f.rank < world:
+                raise ConfigError(
+                    f"--inject {f.spec}: rank {f.rank} is not in this run of {world} rank(s) (0-{world - 1})"
+                )
 
     def _check_resources(self) -> None:
         from gpufleet.backends.resources import (
@@ -134,6 +149,8 @@ class SupervisorConfig(BaseModel):
         affinity = parse_cpu_affinity(self.cpu_affinity, self.nproc)
         self.cpu_affinity = str(affinity)
         if self.backend == "local":
+            if shutil.which(self.command[0]) is None:
+                raise ConfigError(f"{self.command[0]}: command not found (or not executable)")
             host_plan(self.nproc, affinity)  # explicit CPUs must exist here (ConfigError names them)
             # The last local rank's plan, as its worker will make it: refuse before launching, not at
             # that rank's init (NCCL needs a GPU per rank; --dist-backend nccl needs a GPU at all).

@@ -6,14 +6,13 @@ The checkpoints are real ones written by the engine; corruption is a shard trunc
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from gpufleet.checkpoint import CheckpointConfig, CheckpointEngine
+from support.cli import CliResult, gpufleet
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -23,13 +22,8 @@ class _Sink:
         pass
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gpufleet.cli.main", "ckpt", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def _cli(*args: str) -> CliResult:
+    return gpufleet("ckpt", *args)
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +73,7 @@ def test_list_accepts_all_three_forms(run_dir: Path) -> None:
         assert "100" in p.stdout
 
 
-def _assert_usage_error(p: subprocess.CompletedProcess[str], needle: str) -> None:
+def _assert_usage_error(p: CliResult, needle: str) -> None:
     assert p.returncode == 2, p.stdout + p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], p.stderr

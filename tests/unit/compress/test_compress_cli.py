@@ -4,17 +4,14 @@ tiny models on disk). And the whole prune -> eval -> export path on a tiny model
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from gpufleet.compress.export import save_hf
 from gpufleet.compress.model import native_bf16
+from support.cli import CliResult, gpufleet
 from unit.compress.tinyllama import make_tiny, make_tokenizer, tiny_texts
-
-GPUFLEET = [sys.executable, "-m", "gpufleet.cli.main", "compress"]
 
 
 @pytest.fixture(scope="module")
@@ -32,11 +29,11 @@ def world(tmp_path_factory) -> dict[str, Path]:
     return {"root": root, "dense": root / "dense", "corpus": corpus, "empty": empty}
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*GPUFLEET, *args], capture_output=True, text=True, timeout=240)
+def _run(*args: str) -> CliResult:
+    return gpufleet("compress", *args)
 
 
-def _one_line_exit_2(p: subprocess.CompletedProcess, needle: str) -> None:
+def _one_line_exit_2(p: CliResult, needle: str) -> None:
     assert p.returncode == 2, p.stderr[-2000:]
     lines = [ln for ln in p.stderr.splitlines() if ln.startswith("gpufleet: error:")]
     assert len(lines) == 1 and needle in lines[0], p.stderr[-2000:]

@@ -18,14 +18,13 @@ from gpufleet.observe.sources import SPECS, Sources
 from gpufleet.observe.tail import LedgerTail
 from gpufleet.reliability.metrics import summarize
 from gpufleet.reliability.synth import LedgerBuilder
+from support.cli import gpufleet
 
 pytest.importorskip("prometheus_client", reason="the observe extra")
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from gpufleet.observe.exporter import exposition, parse_listen  # noqa: E402
-
-GPUFLEET = [sys.executable, "-m", "gpufleet.cli.main"]
 
 
 def _run(b: LedgerBuilder | None = None) -> LedgerBuilder:
@@ -210,13 +209,10 @@ def test_exposition_passes_promtool(tmp_path: Path) -> None:
 
 def test_cli_show_and_textfile(tmp_path: Path) -> None:
     _run().end("completed").write(tmp_path / "r")
-    p = subprocess.run(
-        [*GPUFLEET, "metrics", "show", str(tmp_path / "r"), "--no-fleet"], capture_output=True, text=True
-    )
+    p = gpufleet("metrics", "show", tmp_path / "r", "--no-fleet")
     assert p.returncode == 0 and 'gpufleet_run_running{run="r"} 0.0' in p.stdout
     out = tmp_path / "tf" / "gpufleet.prom"
-    p = subprocess.run([*GPUFLEET, "metrics", "textfile", str(tmp_path / "r"), "--no-fleet", "-o", str(out)],
-                       capture_output=True, text=True)  # fmt: skip
+    p = gpufleet("metrics", "textfile", tmp_path / "r", "--no-fleet", "-o", out)
     assert p.returncode == 0, p.stderr
     assert "gpufleet_train_steps_total" in out.read_text()
     for args, msg in (
@@ -225,22 +221,22 @@ def test_cli_show_and_textfile(tmp_path: Path) -> None:
         (["metrics", "serve", str(tmp_path / "r"), "--listen", "nope"], "[ADDR:]PORT"),
         (["metrics", "show", "--no-fleet"], "nothing to export"),
     ):
-        p = subprocess.run([*GPUFLEET, *args], capture_output=True, text=True)
+        p = gpufleet(*args)
         assert p.returncode == 2 and msg in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
 
 
 def test_run_metrics_flag_errors_before_anything_starts(tmp_path: Path) -> None:
     import socket
 
-    cmd = [*GPUFLEET, "run", "--run-dir", str(tmp_path / "r"), "--no-progress"]
+    cmd = ["run", "--run-dir", str(tmp_path / "r"), "--no-progress"]
     job = ["--", sys.executable, "-c", "pass"]
-    p = subprocess.run([*cmd, "--metrics", "host:port", *job], capture_output=True, text=True)
+    p = gpufleet(*cmd, "--metrics", "host:port", *job)
     assert p.returncode == 2 and "--metrics 'host:port'" in p.stderr and "Traceback" not in p.stderr
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        p = subprocess.run([*cmd, "--metrics", str(port), *job], capture_output=True, text=True)
+        p = gpufleet(*cmd, "--metrics", str(port), *job)
     assert p.returncode == 2 and "cannot listen on 127.0.0.1" in p.stderr, p.stderr
     assert not (tmp_path / "r" / LEDGER_NAME).exists()  # nothing started
 

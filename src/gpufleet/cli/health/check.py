@@ -38,7 +38,8 @@ ProfileOpt = Annotated[
     str | None, typer.Option("--profile", help="H100 | H200 | B200 | A100 | CPU (default: from NVML).")
 ]
 ExpectOpt = Annotated[
-    int | None, typer.Option("--expect-gpus", min=0, help="Expected GPU count (default: the profile's).")
+    int | None,
+    typer.Option("--expect-gpus", min=0, max=1024, help="Expected GPU count (default: the profile's)."),
 ]
 FleetOpt = Annotated[
     Path | None,
@@ -100,6 +101,9 @@ def _run(
     record: bool,
     fleet_peers: bool,
 ) -> Report:
+    from gpufleet.core.errors import UsageError
+    from gpufleet.core.paths import output_dir
+    from gpufleet.health.nodes import fleet_dir
     from gpufleet.health.plans import load_plan
     from gpufleet.health.runner import (
         apply_fleet_rule,
@@ -109,8 +113,12 @@ def _run(
     )
     from gpufleet.health.runner import fleet_peers as peers_of
 
+    if node is not None and not node.strip():
+        raise UsageError("--node must not be empty")
     plan = load_plan(plan_name)
     profile = resolve_profile(profile_name)
+    if record:
+        output_dir(fleet_dir(fleet), "--fleet-dir")
     report = run_plan(plan, profile, node=node, expect_gpus=expect)
     if fleet_peers:
         apply_fleet_rule(

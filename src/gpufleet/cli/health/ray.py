@@ -224,6 +224,8 @@ def release_command(
     from gpufleet.health.nodes import record_state
 
     del backend
+    if not node.strip():
+        raise UsageError("the node name must not be empty")
     owned = _connect(address, resource)
     try:
         node_id = H.resolve_node(node)

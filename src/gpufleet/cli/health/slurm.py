@@ -98,20 +98,19 @@ def render(
 
 
 def install(slurm_conf: str, scripts: dict[str, str], *, with_prolog: bool = False) -> list[str]:
-    """Write the scripts next to ``slurm_conf`` and (re)place the marked block in it; returns paths."""
+    """Write the scripts next to ``slurm_conf`` and (re)place the marked block in it; returns paths.
+    Every check (the paths, the existing slurm.conf) comes before the first write."""
+    from gpufleet.core.paths import input_dir, output_file, read_text
+
     conf = Path(slurm_conf)
-    written = []
-    for name, text in scripts.items():
-        if name == "slurm.conf":
-            continue
-        p = conf.parent / name
-        p.write_text(text)
-        p.chmod(0o755)
-        written.append(str(p))
+    input_dir(conf.parent, "--slurm-conf's directory")
+    targets = [conf.parent / name for name in scripts if name != "slurm.conf"]
+    for p in (*targets, conf):
+        output_file(p, "--slurm-conf")
     block = scripts["slurm.conf"]
     if not with_prolog:  # Prolog/Epilog run before/after every job: opt in explicitly
         block = "".join(ln for ln in block.splitlines(True) if not ln.startswith(("Prolog=", "Epilog=")))
-    old = conf.read_text() if conf.exists() else ""
+    old = read_text(conf, "slurm.conf") if conf.exists() else ""
     pat = re.compile(re.escape(MARK_BEGIN) + r".*?" + re.escape(MARK_END) + r"\n?", re.S)
     new = pat.sub("", old)
     keys = ("HealthCheckProgram=", "HealthCheckInterval=", "HealthCheckNodeState=", "Prolog=", "Epilog=")
@@ -120,6 +119,11 @@ def install(slurm_conf: str, scripts: dict[str, str], *, with_prolog: bool = Fal
         from gpufleet.core.errors import UsageError
 
         raise UsageError(f"{conf} already sets {clash[0].split('=')[0]} outside gpufleet's block; remove it")
+    written = []
+    for p in targets:
+        p.write_text(scripts[p.name])
+        p.chmod(0o755)
+        written.append(str(p))
     conf.write_text(new.rstrip("\n") + "\n" + block)
     written.append(str(conf))
     return written
@@ -132,7 +136,9 @@ def slurm_config_command(
     slurm_conf: Annotated[
         str, typer.Option(help="slurm.conf to edit; the scripts go next to it.")
     ] = Platform.SLURM_CONF.get(),
-    interval: Annotated[int, typer.Option(help="HealthCheckInterval, seconds.")] = 300,
+    interval: Annotated[
+        int, typer.Option(min=1, max=86400, help="HealthCheckInterval, seconds (1 to 86400).")
+    ] = 300,
     check_command: Annotated[
         str | None, typer.Option(help="Quick check command (default: gpufleet health check --plan quick).")
     ] = None,

@@ -110,9 +110,9 @@ def bench(
 
     from rich.console import Console
 
-    from gpufleet.serve.bench.arrivals import parse_arrival
-
     # ---- validate everything before any work
+    from gpufleet.core.paths import output_dir
+    from gpufleet.serve.bench.arrivals import parse_arrival
     from gpufleet.serve.bench.client import APIS
     from gpufleet.serve.common.slo import parse_slo
     from gpufleet.serve.common.workload import load_workload
@@ -149,6 +149,14 @@ def bench(
         from gpufleet.serve.bench.tokens import load_tokenizer
 
         load_tokenizer(tokenizer)  # fail early, in one line
+    if url is None and not calibrate:
+        raise UsageError("--url is required (or use --calibrate alone)")
+    if url is not None and not url.startswith(("http://", "https://")):
+        raise UsageError(f"--url must start with http:// or https:// (got {url!r})")
+    open_ended = rate is None and concurrency is None and not hasattr(wl, "entries")
+    if url is not None and open_ended and not find_max_rate:
+        raise UsageError("give --rate R (open loop) or --concurrency C (closed loop)")
+    output_dir(out, "--out")
     err = Console(stderr=True)
     show = sys.stderr.isatty() if progress is None else progress
 
@@ -174,10 +182,7 @@ def bench(
                 f"--rate {rate:g}/s is above this client's calibrated capacity "
                 f"{capacity:.0f}/s; use more --processes"
             )
-    if url is None:
-        raise UsageError("--url is required (or use --calibrate alone)")
-    if not url.startswith(("http://", "https://")):
-        raise UsageError(f"--url must start with http:// or https:// (got {url!r})")
+    assert url is not None  # checked above: only --calibrate alone runs without one
 
     from gpufleet.serve.bench.client import ClientConfig, endpoint_url
     from gpufleet.serve.bench.levels import BenchOptions, detect_model, find_max, run_level
@@ -190,11 +195,8 @@ def bench(
             err.print(f"[yellow]warning:[/] could not list models at {url} ({why}); using model 'default'")
             model = "default"
     cfg = ClientConfig(endpoint_url(url, api), model, api, timeout_s=timeout_s, exact_output=exact_output)
-    if rate is None and concurrency is None and not hasattr(wl, "entries"):
-        if find_max_rate:
-            rate = 1.0
-        else:
-            raise UsageError("give --rate R (open loop) or --concurrency C (closed loop)")
+    if open_ended:  # --find-max-rate searches from 1 req/s
+        rate = 1.0
     if requests is None and duration_s is None and not hasattr(wl, "entries"):
         requests = 100
     plan = LoadPlan(

@@ -20,7 +20,9 @@ def register(app: typer.Typer) -> None:
 
 def mock_command(
     host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on; 0 picks a free one.")] = 8000,
+    port: Annotated[
+        int, typer.Option(min=0, max=65535, help="Port to listen on; 0 picks a free one.")
+    ] = 8000,
     model: Annotated[str, typer.Option(help="Model name in /v1/models and in answers.")] = "mock",
     ttft: Annotated[str, typer.Option(help="Time to first token of an admitted request.")] = "200ms",
     itl: Annotated[str, typer.Option(help="Gap between tokens of one request running alone.")] = "20ms",

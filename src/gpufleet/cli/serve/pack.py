@@ -64,6 +64,9 @@ def pack_command(
         raise UsageError(f"unknown --solver {solver!r}; valid: {', '.join(Solver)}")
     fleet = build_fleet(racks, nodes)
     workloads = load_plans(paths)
+    from gpufleet.core.paths import output_dir
+
+    output_dir(out, "--out")
 
     from rich.console import Console
 

@@ -100,6 +100,7 @@ def plan_command(
     seed: Annotated[int, Opt("--seed")] = 0,
 ) -> None:
     """Plan GPUs for a traffic pattern and SLO: aggregated vs disaggregated P/D, TP, batch, replicas."""
+    from gpufleet.core.paths import output_dir
     from gpufleet.serve.common.plan_format import Mode
     from gpufleet.serve.common.slo import parse_slo
     from gpufleet.serve.plan import launch as lm
@@ -120,6 +121,8 @@ def plan_command(
     slo_obj = parse_slo(slo, metrics=("ttft", "tpot"), attainment=attainment)
     if not slo_obj:
         raise UsageError("--slo needs at least one of ttft_p90=..., tpot_p90=...")
+    if out is not None:
+        output_dir(out, "--out")
     prof = load_profile(profile)
     opts = pl.PlanOptions(
         slo_obj,

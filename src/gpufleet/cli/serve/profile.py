@@ -76,6 +76,18 @@ def profile_command(
         raise UsageError("give exactly one of --url (measure a server) or --from-table FILE")
     if tp < 1 or requests < 1 or output < 2 or kv_capacity < 0 or kv_bytes_per_token < 0:
         raise UsageError("--tp, --requests must be >= 1, --output >= 2, --kv-* >= 0")
+    from gpufleet.core.paths import input_file, output_dir, output_file
+
+    output_file(out, "--out")
+    if runs_dir is not None:
+        output_dir(runs_dir, "--runs-dir")
+    if from_table is not None:
+        input_file(from_table, "--from-table")
+    sweeps = {
+        "inputs": _ints(inputs, "--inputs"),
+        "decode_inputs": _ints(decode_inputs, "--decode-inputs"),
+        "concurrency": _ints(concurrency, "--concurrency"),
+    }
     if from_table is not None:
         prof = pm.profile_from_table(
             from_table, model or "model", hardware, max_batch or 256, kv_capacity, kv_bytes_per_token
@@ -88,10 +100,8 @@ def profile_command(
         pre, dec, mb = pm.measure(
             url,
             name,
-            inputs=_ints(inputs, "--inputs"),
-            decode_inputs=_ints(decode_inputs, "--decode-inputs"),
+            **sweeps,
             output=output,
-            concurrency=_ints(concurrency, "--concurrency"),
             requests=requests,
             out=runs_dir,
             log=lambda m: typer.echo(m, err=True),

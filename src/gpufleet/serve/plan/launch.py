@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.core.errors import UsageError
+from gpufleet.core.paths import read_json
 from gpufleet.serve.common.plan_format import PLAN_SCHEMA, PLAN_VERSION, Mode
 from gpufleet.serve.plan.planner import Candidate, PlanOptions, PlanResult, pd_units
 from gpufleet.serve.plan.profile import Profile
@@ -158,12 +159,7 @@ def plan_document(
 
 def candidate_from_plan(path: Path) -> tuple[Candidate, dict[str, Any]]:
     """The chosen configuration of a plan file (for ``--replan``)."""
-    try:
-        doc = json.loads(path.read_text())
-    except OSError as e:
-        raise UsageError(f"cannot read plan {path}: {e.strerror or e}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise UsageError(f"plan {path.name}: not valid JSON") from None
+    doc = read_json(path, "plan file")
     if not isinstance(doc, dict) or doc.get("schema") != PLAN_SCHEMA or doc.get("version") != PLAN_VERSION:
         raise UsageError(f"plan {path.name}: not a {PLAN_SCHEMA} version {PLAN_VERSION} file")
     cfg = doc.get("config") or {}

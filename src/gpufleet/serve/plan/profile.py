@@ -274,7 +274,7 @@ def profile_from_table(
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"cannot read table {path}: {e}") from None
     if not rows or any(c not in rows[0] for c in TABLE_COLUMNS):
-        raise UsageError(f"table {path.name}: needs the columns {','.join(TABLE_COLUMNS)}")
+        raise UsageError(f"table {path}: needs the columns {','.join(TABLE_COLUMNS)}")
     pre: dict[int, list[tuple[float, float, float]]] = {}
     dec: dict[int, list[tuple[float, float, float]]] = {}
     for n, r in enumerate(rows, 2):

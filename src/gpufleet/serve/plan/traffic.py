@@ -12,7 +12,6 @@ Mooncake trace.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from gpufleet.core.errors import UsageError
+from gpufleet.core.paths import read_json
 from gpufleet.serve.common.workload import PRESETS, LengthDist, load_mooncake, parse_dist
 from gpufleet.serve.plan.sim import Requests
 
@@ -86,13 +86,18 @@ class Traffic:
         return Requests(arr, inp, out)
 
 
+MAX_RATE = 1e6
+"""The highest request rate the planner plans for (req/s): far above any one deployment, and low enough
+that its simulation stays short."""
+
+
 def _rate(text: str) -> float:
     try:
         v = float(text)
     except ValueError:
         raise UsageError(f"traffic rate {text!r} is not a number") from None
-    if not math.isfinite(v) or v <= 0:
-        raise UsageError(f"traffic rate must be > 0 req/s (got {text})")
+    if not math.isfinite(v) or not 0 < v <= MAX_RATE:
+        raise UsageError(f"traffic rate must be > 0 and <= {MAX_RATE:g} req/s (got {text})")
     return v
 
 
@@ -159,14 +164,9 @@ def load_traffic(text: str, rate: float | None = None) -> Traffic:
             np.array([e.output_length for e in tw.entries]),
         )
     elif text.endswith(".json"):
-        try:
-            d = json.loads(p.read_text())
-        except OSError as e:
-            raise UsageError(f"cannot read traffic {text}: {e.strerror or e}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise UsageError(f"traffic {p.name}: not valid JSON") from None
+        d = read_json(p, "traffic file")
         if not isinstance(d, dict) or "rate" not in d:
-            raise UsageError(f"traffic {p.name}: needs an object with rate, input, output[, cv]")
+            raise UsageError(f"traffic {p}: needs an object with rate, input, output[, cv]")
         t = Traffic(
             _rate(str(d["rate"])),
             parse_dist(str(d.get("input", "lognormal:512,0.6")), "traffic input"),

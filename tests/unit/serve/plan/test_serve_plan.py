@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,17 +13,13 @@ from gpufleet.serve.plan import launch as lm
 from gpufleet.serve.plan import planner as pl
 from gpufleet.serve.plan.profile import load_profile
 from gpufleet.serve.plan.traffic import load_traffic, parse_traffic
+from support.cli import CliResult, gpufleet
 
 PLAN_SLO = SLO.of(ttft=0.25, tpot=0.1, percentile=90, attainment=0.9)
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gpufleet.cli.main", "serve", *args],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+def _cli(*args: str) -> CliResult:
+    return gpufleet("serve", *args)
 
 
 def test_traffic_spec_and_errors(tmp_path: Path) -> None:
