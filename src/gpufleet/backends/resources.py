@@ -1,16 +1,16 @@
 """Worker resource defaults: each rank's thread count and, optionally, its CPUs.
 
-One place for every backend that starts ranks on a host (local, the srun node agent, later Ray and
-Kubernetes): :func:`plan_ranks` says, per local rank, how many threads it gets and which CPUs it may
-run on; :func:`thread_env` turns the thread count into the standard variables unless the user set
-them.
+One place for every backend that starts ranks on a host (local, and the node agent that the Slurm,
+Kubernetes and Ray backends run): :func:`plan_ranks` says, per local rank, how many threads it gets
+and which CPUs it may run on; :func:`thread_env` turns the thread count into the standard variables
+unless the user set them.
 
 **Threads.** PyTorch (OpenMP, MKL, OpenBLAS) starts one thread per CPU in *every* process, so N
-ranks on one host run N times as many busy threads as there are CPUs and fight over them (issue 9:
-10.9x slower than torchrun on a 2-CPU host). Like torchrun, each rank gets ``OMP_NUM_THREADS`` (and
-the MKL/OpenBLAS/... equivalents) unless the user exported it. Unlike torchrun's fixed 1, the value is
-the rank's share of the host's usable CPUs: the affinity mask (``os.sched_getaffinity``), capped by
-a cgroup CPU quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``), divided by the ranks; at least 1.
+ranks on one host run N times as many busy threads as there are CPUs and fight over them
+(docs/benchmarks.md, P9: 10.9x slower than torchrun on a 2-CPU host). Like torchrun, each rank gets
+``OMP_NUM_THREADS`` (and the MKL/OpenBLAS/... equivalents) unless the user exported it. Unlike
+torchrun's fixed 1, the value is the rank's share of the host's usable CPUs: the affinity mask
+(``os.sched_getaffinity``), capped by a cgroup CPU quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``), divided by the ranks; at least 1.
 
 **Affinity** (``--cpu-affinity``): ``none`` (default: inherit), ``auto`` (each rank its own block of
 CPUs, blocks inside one NUMA node where the host has several), ``numa`` (each rank every CPU of its

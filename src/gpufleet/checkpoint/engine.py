@@ -331,8 +331,8 @@ class CheckpointEngine:
                 self._emit(E.CkptFailed(step=job.step, reason=reason))
             self._error = f"checkpoint at step {job.step} failed: {reason}"
             return
-        # A failure nobody waited for is superseded: the newest state is committed. (It used to reach
-        # run.finish()'s wait and fail a run whose later checkpoints had all committed.)
+        # A failure nobody waited for is superseded: the newest state is committed, so run.finish()'s
+        # wait must not fail a run whose later checkpoints all committed.
         self._error = None
         if job.keep:
             self._snapshot = Snapshot.of(job.step, str(final), job.meta, job.stage.staged)

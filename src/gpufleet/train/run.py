@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from gpufleet.core import events as E
 from gpufleet.core.env import Platform
-from gpufleet.core.errors import CheckpointError, ConfigError, GpufleetError, SpikeDetected
+from gpufleet.core.errors import ConfigError, SpikeDetected
 from gpufleet.core.exitcodes import ExitCode
 from gpufleet.core.launch import LaunchEnv
 from gpufleet.core.ledger import EventSink, Ledger, NullSink, PipeSink

@@ -153,8 +153,8 @@ class Supervisor:
                 run = self.backend.start(spec)  # a multi-node backend sets run.spec.nnodes for this attempt
                 if not attempt:
                     # The first attempt's spares warm now, at normal priority, while the workers start
-                    # up; warmed later, at idle priority, they slowed a dozen of the first training steps
-                    # (P9: 12-15 steps of +40 ms on 2 cores, 1.2-1.3x torchrun over 70 steps).
+                    # up; warmed later, at idle priority, they slow a dozen of the first training steps
+                    # (docs/benchmarks.md, P9).
                     self.backend.prepare(run.spec, eager=True)
             ledger.emit(
                 E.AttemptStart(
