@@ -10,7 +10,8 @@ ranks on one host run N times as many busy threads as there are CPUs and fight o
 (docs/benchmarks.md, P9: 10.9x slower than torchrun on a 2-CPU host). Like torchrun, each rank gets
 ``OMP_NUM_THREADS`` (and the MKL/OpenBLAS/... equivalents) unless the user exported it. Unlike
 torchrun's fixed 1, the value is the rank's share of the host's usable CPUs: the affinity mask
-(``os.sched_getaffinity``), capped by a cgroup CPU quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``), divided by the ranks; at least 1.
+(``os.sched_getaffinity``), capped by a cgroup CPU quota (v2 ``cpu.max``, v1
+``cpu.cfs_quota_us``), divided by the ranks; at least 1.
 
 **Affinity** (``--cpu-affinity``): ``none`` (default: inherit), ``auto`` (each rank its own block of
 CPUs, blocks inside one NUMA node where the host has several), ``numa`` (each rank every CPU of its
