@@ -34,15 +34,20 @@ demo: install
 
 # Two tiers. test-fast: unit and in-process CLI tests, no services, no multi-process runs (minutes).
 # test-slow: the real-process contract tests (gloo ranks, kill -9, Slurm, Ray, S3, Prometheus, llama.cpp),
-# with the services `.ci/run` starts. `make test` runs both, as CI does.
+# with the services `.ci/run` starts. `make test` runs both, as CI does. TEST_WORKERS pytest-xdist
+# workers share the tests out by group (tests/conftest.py: a shared cluster's tests run one at a time);
+# most real-process tests wait on heartbeats, timeouts and schedulers, so two workers fit two cores.
+TEST_WORKERS ?= 2
+PYTEST = $(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadgroup
+
 test: install-test
-	$(VENV)/bin/pytest -q --durations=25 tests
+	$(PYTEST) --durations=25 tests
 
 test-fast: install-test
-	$(VENV)/bin/pytest -q --durations=10 tests/unit
+	$(PYTEST) --durations=10 tests/unit
 
 test-slow: install-test
-	$(VENV)/bin/pytest -q --durations=25 tests/integration tests/e2e
+	$(PYTEST) --durations=25 tests/integration tests/e2e
 
 lint: install-test
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -109,12 +109,31 @@ def _llama_env_file() -> dict[str, str]:
     return read_env_file(path)
 
 
+def _worker_group(item: pytest.Item) -> str:
+    """The pytest-xdist group (``--dist loadgroup``) a test runs in; one group runs on one worker, in
+    order. Tests of one shared service that a test changes or loads (the one Slurm or Ray cluster, the
+    llama.cpp server a benchmark measures) share a group, as do the users of a session's shared
+    reference runs; any other test runs with its module, whose fixtures are then made once."""
+    names = set(getattr(item, "fixturenames", ()))
+    if LLAMA_FIXTURES & names:
+        return "llama"
+    if item.get_closest_marker("cluster"):
+        return "cluster"
+    if "toy_reference" in names:
+        return "toy-reference"
+    return item.nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that need the llm extra go last, so the ones before them run while it builds."""
+    """Tests that need the llm extra go last, so the ones before them run while it builds; each test
+    gets its worker group (:func:`_worker_group`)."""
     needs_llm = [it for it in items if LLAMA_FIXTURES & set(getattr(it, "fixturenames", ()))]
     if needs_llm:
         rest = [it for it in items if not LLAMA_FIXTURES & set(getattr(it, "fixturenames", ()))]
         items[:] = rest + needs_llm
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_worker_group(item)))
 
 
 @pytest.fixture(scope="session")

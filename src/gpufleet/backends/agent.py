@@ -56,7 +56,7 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 class Agent:
-    def __init__(self, spec: LaunchSpec, node: str, grace_s: float = 5.0) -> None:
+    def __init__(self, spec: LaunchSpec, node: str, grace_s: float = Env.AGENT_GRACE.default) -> None:
         self.spec = spec
         self.node = node
         self.grace_s = grace_s

@@ -10,11 +10,15 @@ Commands raise; they do not print their own errors or exit.
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import typer
 
 from gpufleet.core.errors import GpufleetError, SupervisorError
 from gpufleet.core.exitcodes import ExitCode
+
+if TYPE_CHECKING:
+    import click
 
 app = typer.Typer(
     name="gpufleet",
@@ -91,10 +95,22 @@ def _os_message(e: OSError) -> str:
     return f"{' -> '.join(paths)}: {reason}" if paths else reason
 
 
+_built: tuple[typer.Typer, click.Command] | None = None
+
+
+def _command() -> click.Command:
+    """The click command of :data:`app` with every command module registered, built once: Typer
+    rebuilds it on each call, and registering twice would add each command group again."""
+    global _built
+    if _built is None or _built[0] is not app:
+        _register()
+        _built = (app, typer.main.get_command(app))
+    return _built[1]
+
+
 def main(argv: list[str] | None = None) -> None:
-    _register()
     try:
-        rv = app(args=argv, standalone_mode=False)
+        rv = _command().main(args=argv, prog_name="gpufleet", standalone_mode=False)
     except typer.Exit as e:
         raise SystemExit(e.exit_code) from None
     except (typer.Abort, KeyboardInterrupt):

@@ -30,7 +30,7 @@ from collections.abc import Collection
 from typing import ClassVar
 
 from gpufleet.core import events as E
-from gpufleet.core.env import Env, read_env
+from gpufleet.core.env import Env
 from gpufleet.core.ledger import EventSink, Ledger, read_events
 
 __all__ = [
@@ -45,9 +45,9 @@ __all__ = [
 ]
 
 PREFIX = "gpufleet:"
-BREAKER_FRACTION = 0.5
+BREAKER_FRACTION = Env.BREAKER_FRACTION.default
 """The breaker's default limit: the share of a platform's nodes gpufleet may isolate within the window."""
-BREAKER_WINDOW_S = 300.0
+BREAKER_WINDOW_S = Env.BREAKER_WINDOW_S.default
 """The breaker's default window, seconds."""
 REASON_MAX = 200  # characters: Slurm's reason field and a Kubernetes annotation both take this
 
@@ -83,10 +83,10 @@ class Breaker:
         self.platform = platform
         self.dir = fleet_dir(fleet)
         if max_fraction is None:
-            max_fraction = read_env(Env.BREAKER_FRACTION, float, BREAKER_FRACTION)
+            max_fraction = Env.BREAKER_FRACTION.get()
         self.max_fraction = max_fraction
         if window_s is None:
-            window_s = read_env(Env.BREAKER_WINDOW_S, float, BREAKER_WINDOW_S)
+            window_s = Env.BREAKER_WINDOW_S.get()
         self.window_s = window_s
 
     def recent(self, now: float | None = None) -> set[str]:
