@@ -132,15 +132,17 @@ def _check_resumes(make: Callable[[], DataLoader], cuts: list[int], total: int, 
     assert got == reference, "second resume differs"
 
 
-CASES = [(kind, nw, False) for kind in sorted(LOADERS) for nw in (0, 2)] + [
-    ("shuffle_generator", 0, True),
+# In this process (num_workers=0); tests/integration/test_loader_workers.py runs the same cases with
+# worker processes.
+CASES = [(kind, 0, False) for kind in sorted(LOADERS)] + [("shuffle_generator", 0, True)]
+WORKER_CASES = [(kind, 2, False) for kind in sorted(LOADERS)] + [
     ("shuffle_generator", 2, True),
     ("custom_sampler", 2, True),
 ]
 
 
-@pytest.mark.parametrize(("kind", "num_workers", "drop_last"), CASES)
-def test_resume_mid_epoch_and_at_the_boundary_is_exact(kind: str, num_workers: int, drop_last: bool) -> None:
+def check_resumes_exactly(kind: str, num_workers: int, drop_last: bool) -> None:
+    """A ``kind`` loader resumed mid-epoch, at the boundary and twice in an epoch: the same batches."""
     make = lambda: LOADERS[kind](num_workers, drop_last)  # noqa: E731
     per_epoch = len(make())
     assert gpufleet.resumable(make()).steps_per_epoch == per_epoch
@@ -148,12 +150,21 @@ def test_resume_mid_epoch_and_at_the_boundary_is_exact(kind: str, num_workers: i
     _check_resumes(make, cuts, total=3 * per_epoch + 2)
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_replay_batches_is_exact_for_random_augmentation_in_workers(num_workers: int) -> None:
+@pytest.mark.parametrize(("kind", "num_workers", "drop_last"), CASES)
+def test_resume_mid_epoch_and_at_the_boundary_is_exact(kind: str, num_workers: int, drop_last: bool) -> None:
+    check_resumes_exactly(kind, num_workers, drop_last)
+
+
+def check_random_augmentation(num_workers: int) -> None:
+    """Replaying batches gives the same randomly augmented samples, with ``num_workers`` workers."""
     make = lambda: DataLoader(  # noqa: E731
         NoisyDataset(), BS, shuffle=True, generator=torch.Generator().manual_seed(1), num_workers=num_workers
     )
     _check_resumes(make, [3, 10, 13], total=25, replay="batches")
+
+
+def test_replay_batches_is_exact_for_random_augmentation() -> None:
+    check_random_augmentation(0)
 
 
 def test_iterable_dataset_replays_batches() -> None:
@@ -161,19 +172,6 @@ def test_iterable_dataset_replays_batches() -> None:
     w = gpufleet.resumable(make())
     assert w.replay == "batches" and w.steps_per_epoch is None
     _check_resumes(make, [2, 10, 11], total=25)
-
-
-def test_resume_with_another_num_workers_is_exact() -> None:
-    def make(nw: int) -> Callable[[], DataLoader]:
-        return lambda: DataLoader(
-            _ds(), BS, shuffle=True, generator=torch.Generator().manual_seed(5), num_workers=nw
-        )
-
-    reference = _take(_fresh(make(0)), 25)
-    w = _fresh(make(0))
-    got = _take(w, 13)
-    got += _take(_resume(make(2), _checkpoint(w)), 12)
-    assert got == reference
 
 
 def test_epochs_advance_and_set_epoch_is_called() -> None:
