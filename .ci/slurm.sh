@@ -79,7 +79,7 @@ NodeName=n[1-3] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[$((NODE_PORT))-$
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 CONF
     # HealthCheckProgram / HealthCheckInterval, written by the code under test.
-    PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m gpufleet.cli.health.slurm \
+    PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m gpufleet.cli.main health slurm-config \
       --install --slurm-conf "$CONF" --interval 5 --check-command "$S/fake-check.sh" \
       --gpufleet "$PY -m gpufleet.cli.main" --fleet-dir "$S/fleet" >/dev/null
     export SLURM_CONF=$CONF

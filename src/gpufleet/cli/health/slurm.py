@@ -172,14 +172,3 @@ def slurm_config_command(
 def register(app: typer.Typer) -> None:
     """Add ``slurm-config`` to the ``gpufleet health`` group."""
     app.command("slurm-config")(slurm_config_command)
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``python -m gpufleet.cli.health.slurm`` (CI uses it before ``gpufleet health`` exists)."""
-    standalone = typer.Typer(add_completion=False)
-    standalone.command()(slurm_config_command)
-    standalone(args=argv if argv is not None else sys.argv[1:])
-
-
-if __name__ == "__main__":
-    main()
