@@ -207,7 +207,7 @@ def aggregate(trials: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _in_process_ratios(agg: dict[str, Any], by: dict[tuple[str, int], Any], repeats: int) -> dict[str, Any]:
-    """Issue 10's goals: in-process MTTR <= 0.15x torchrun and <= 0.4x gpufleet's full restart."""
+    """The in-process goals: MTTR <= 0.15x torchrun and <= 0.4x gpufleet's full restart."""
     ip, full, tr = (agg[k]["mttr_median_s"] for k in ("gpufleet-in-process", "gpufleet", "torchrun"))
     return {
         "vs_torchrun": ip / tr if ip and tr else None,

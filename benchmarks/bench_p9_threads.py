@@ -1,7 +1,7 @@
 # ruff: noqa: E501
 """P9 worker defaults: steady-state step time of ``gpufleet run -n 2`` against ``torchrun --nproc-per-node 2``.
 
-The script (benchmarks/scripts/p9_gru.py) is the GRU language model of issue 9 and does **not** pin
+The script (benchmarks/scripts/p9_gru.py) is a GRU language model (benchmarks/scripts/gru_lm.py) and does **not** pin
 its threads: each launcher's defaults decide (torchrun sets ``OMP_NUM_THREADS=1``; gpufleet sets each
 worker's share of the CPUs). Four variants, interleaved across repeats (the order rotates each
 repeat) so machine noise hits them alike:
@@ -10,7 +10,7 @@ repeat) so machine noise hits them alike:
 * ``gpufleet+ckpt``, ``torchrun+ckpt``: a checkpoint every ``--ckpt-every`` steps (gpufleet's engine;
   for torchrun a synchronous ``torch.distributed.checkpoint.save``, as the DCP tutorial does);
 * with ``--with-all-threads``, also ``gpufleet/all-threads``: ``OMP_NUM_THREADS`` exported as the CPU
-  count, i.e. torch's own default, which is what every gpufleet worker got before issue 9.
+  count, i.e. torch's own default, which a launcher that sets no thread count leaves each worker.
 
 Steady-state step time: rank 0's wall time per step after ``--warmup`` steps (start-up, restore and
 the first steps excluded), as the mean (what throughput sees, checkpoint stalls included) and the

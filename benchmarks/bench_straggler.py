@@ -1,5 +1,5 @@
 # ruff: noqa: E501
-"""Straggler detection (issue 10, part 3): false positives on clean runs, and a 20%-slow rank caught.
+"""Straggler detection: false positives on clean runs, and a 20%-slow rank caught.
 
 ``gpufleet run -n 2`` of the P3 MLP script (benchmarks/scripts/mttr_gpufleet.py, DDP, no crash), as a
 user runs it (no thread pinning, standby interpreters on):

@@ -1,7 +1,7 @@
 """Soak: a converging model under ``gpufleet run -n 2`` for a long time, a worker killed every 2 minutes.
 
-Issue 9, part 6: a GRU language model that had converged tripped the old spike guard on ordinary
-batch-to-batch variation, and the lifetime rollback cap then ended a healthy run with exit 5. This
+A converged GRU language model trips a linear robust-z spike rule on ordinary batch-to-batch
+variation, and a lifetime rollback cap then ends a healthy run with exit 5. This
 runs ``benchmarks/scripts/gru_lm.py`` (plain PyTorch, a shuffled DataLoader, no thread pinning)
 under the supervisor for ``--duration``; every ``--kill-every`` an outside ``kill -9`` hits a random
 worker of the running attempt (once it has completed a step). At the end it sends SIGTERM (final
@@ -159,7 +159,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _old_rule(losses: list[float], window: int = 50, min_history: int = 10) -> list[int]:
-    """Indices the guard before issue 9 flagged: linear robust z > 8 and more than 25% above the
+    """Indices the linear rule flags: robust z > 8 and more than 25% above the
     rolling median (a flagged loss stays out of the window, as in the guard)."""
     hist: list[float] = []
     out = []
@@ -181,7 +181,7 @@ def kept_losses(evs: list[dict[str, Any]]) -> list[float]:
 
 
 def _replayed(losses: list[float]) -> dict[str, Any]:
-    """The kept loss series through today's guard and the guard before issue 9, offline."""
+    """The kept loss series through gpufleet's guard and the linear rule, offline."""
     from gpufleet.train.spike import SpikeGuard
 
     guard = SpikeGuard()

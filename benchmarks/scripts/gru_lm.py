@@ -3,8 +3,8 @@
 Two GRU layers with dropout, AdamW, warm-up then cosine decay, a shuffled ``DataLoader`` (seeded
 generator) resumed exactly through ``gpufleet.resumable``. No thread pinning. It trains on a short
 slice of the shipped Shakespeare text, so it converges (memorises) to a loss near 0.02 in a few
-thousand steps and then sits there: the regime in which the old spike guard raised false alarms
-(issue 9, part 6). Used by ``benchmarks/soak_spike.py``.
+thousand steps and then sits there: the regime in which a linear robust-z spike rule raises false
+alarms. Used by ``benchmarks/soak_spike.py``.
 """
 
 from __future__ import annotations
