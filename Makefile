@@ -36,9 +36,9 @@ demo: install
 # test-slow: the real-process contract tests (gloo ranks, kill -9, Slurm, Ray, S3, Prometheus, llama.cpp),
 # with the services `.ci/run` starts. `make test` runs both, as CI does. TEST_WORKERS pytest-xdist
 # workers share the tests out by group (tests/conftest.py: a shared cluster's tests run one at a time);
-# most real-process tests wait on heartbeats, timeouts and schedulers, so two workers fit two cores.
+# many real-process tests wait on heartbeats, timeouts and schedulers, so two workers fit two cores.
 TEST_WORKERS ?= 2
-PYTEST = $(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadgroup
+PYTEST = $(VENV)/bin/pytest -q -n $(TEST_WORKERS)
 
 test: install-test
 	$(PYTEST) --durations=25 tests

@@ -110,10 +110,10 @@ def _llama_env_file() -> dict[str, str]:
 
 
 def _worker_group(item: pytest.Item) -> str:
-    """The pytest-xdist group (``--dist loadgroup``) a test runs in; one group runs on one worker, in
-    order. Tests of one shared service that a test changes or loads (the one Slurm or Ray cluster, the
-    llama.cpp server a benchmark measures) share a group, as do the users of a session's shared
-    reference runs; any other test runs with its module, whose fixtures are then made once."""
+    """The group a test runs in under pytest-xdist; one group runs on one worker, in order. Tests of
+    one shared service that a test changes or loads (the one Slurm or Ray cluster, the llama.cpp server
+    a benchmark measures) share a group, as do the users of a session's shared reference runs; any
+    other test runs with its module, whose fixtures are then made once."""
     names = set(getattr(item, "fixturenames", ()))
     if LLAMA_FIXTURES & names:
         return "llama"
@@ -124,16 +124,54 @@ def _worker_group(item: pytest.Item) -> str:
     return item.nodeid.split("::", 1)[0]
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+# pytest-xdist's own `loadgroup` cannot see groups under pytest 9 (it renames node ids that pytest no
+# longer reads back), so the workers write each test's group to this file as they collect, and the
+# scheduler below (the controller's) reads it once every worker has collected.
+GROUPS_FILE = "GPUFLEET_TEST_GROUPS_FILE"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        import tempfile
+
+        os.environ[GROUPS_FILE] = os.path.join(
+            tempfile.mkdtemp(prefix="gpufleet-test-groups-"), "groups.json"
+        )
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that need the llm extra go last, so the ones before them run while it builds; each test
-    gets its worker group (:func:`_worker_group`)."""
+    """Tests that need the llm extra go last, so the ones before them run while it builds; under
+    pytest-xdist each test's group goes to the controller (:func:`_worker_group`)."""
     needs_llm = [it for it in items if LLAMA_FIXTURES & set(getattr(it, "fixturenames", ()))]
     if needs_llm:
         rest = [it for it in items if not LLAMA_FIXTURES & set(getattr(it, "fixturenames", ()))]
         items[:] = rest + needs_llm
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_worker_group(item)))
+    path = os.environ.get(GROUPS_FILE)
+    if path:
+        import json
+
+        tmp = f"{path}.{os.getpid()}"  # each worker writes the same map; the rename makes it whole
+        with open(tmp, "w") as f:
+            json.dump({it.nodeid: _worker_group(it) for it in items}, f)
+        os.replace(tmp, path)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Load scheduling by group (:func:`_worker_group`), as the workers wrote the groups."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        _groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self._groups is None:
+                import json
+
+                with open(os.environ[GROUPS_FILE]) as f:
+                    self._groups = json.load(f)
+            return self._groups.get(nodeid) or nodeid.split("::", 1)[0]
+
+    return GroupScheduling(config, log)
 
 
 @pytest.fixture(scope="session")
