@@ -80,7 +80,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 CONF
     # HealthCheckProgram / HealthCheckInterval, written by the code under test.
     PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m gpufleet.cli.main health slurm-config \
-      --install --slurm-conf "$CONF" --interval 5 --check-command "$S/fake-check.sh" \
+      --install --slurm-conf "$CONF" --interval 10 --check-command "$S/fake-check.sh" \
       --gpufleet "$PY -m gpufleet.cli.main" --fleet-dir "$S/fleet" >/dev/null
     export SLURM_CONF=$CONF
     [ -f "$S/slurmctld.pid" ] && kill -0 "$(cat "$S/slurmctld.pid")" 2>/dev/null || slurmctld -f "$CONF"

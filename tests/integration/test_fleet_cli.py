@@ -78,17 +78,3 @@ def test_llama3_table_matches_the_paper():
         assert needle in out
     row = next(line for line in out.splitlines() if "unexpected" in line)
     assert abs(float(row.split("│")[2]) - 419) <= 41.9
-
-
-@pytest.mark.parametrize(
-    ("flags", "needle"),
-    [
-        (["--gpus", "0"], "--gpus must be at least 1"),
-        (["--profile", "nope"], "unknown fleet profile 'nope'"),
-        (["--from-run", "/nonexistent"], "run directory not found"),
-    ],
-)
-def test_bad_input_is_one_line_and_exit_2(flags, needle, tmp_path):
-    p = cli("fleet", "simulate", "--no-plot", "-r", "2", *flags)
-    assert p.returncode == 2, (p.stdout, p.stderr)
-    assert needle in p.stderr and p.stderr.count("\n") == 1 and "Traceback" not in p.stderr

@@ -117,7 +117,7 @@ def test_drain_resume_ownership_on_real_slurm():
     assert acts.isolate("n3", "health", "would overwrite") is False
     assert acts.release("n3") is False
     assert states()["n3"].reason.startswith("admin: bios update")
-    # ("drill", not "health": the CI HealthCheckProgram resumes its own health drains every 5 s)
+    # ("drill", not "health": the CI HealthCheckProgram resumes its own health drains every 10 s)
     assert acts.isolate("n1", "drill", "matmul slow") is True
     assert states()["n1"].drained and states()["n1"].reason == "gpufleet: drill: matmul slow"
     # breaker: n1 and n2 hit within the window = 2/3 nodes > 50%: n2 is not drained, an alert instead
@@ -135,7 +135,7 @@ def test_healthcheck_program_drains_and_resumes_its_own(monkeypatch):
     (STATE / "fail-n3").write_text("ecc storm")
     t0 = time.time()
     info = wait_for(
-        lambda: (i := states()["n3"]).drained and i, 20, "slurmd's HealthCheckProgram to drain n3"
+        lambda: (i := states()["n3"]).drained and i, 45, "slurmd's HealthCheckProgram to drain n3"
     )
     assert info.reason == "gpufleet: health: fake-check: ecc storm"
     if fleet:
@@ -146,10 +146,10 @@ def test_healthcheck_program_drains_and_resumes_its_own(monkeypatch):
                 for e in read_events(fleet)
             )
 
-        wait_for(skipped_n1, 20, "the failing check on n1 to skip the admin's drain")
+        wait_for(skipped_n1, 45, "the failing check on n1 to skip the admin's drain")
     assert states()["n1"].reason.startswith("admin: keep out")
     (STATE / "fail-n3").unlink()
-    wait_for(lambda: not states()["n3"].drained, 20, "the passing check to resume n3")
+    wait_for(lambda: not states()["n3"].drained, 45, "the passing check to resume n3")
     assert states()["n1"].reason.startswith("admin: keep out")
     if fleet:
         done = [e for e in read_events(fleet) if e["ev"] == "node_action" and e["result"] == "done"]
