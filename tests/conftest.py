@@ -83,8 +83,7 @@ class LlamaTarget:
 # Tests that need the llm extra (llama-cpp-python, built from source) or its server. `.ci/run` builds it
 # in the background at low priority while the other tests run, and names in GPUFLEET_TEST_LLAMA_ENV_FILE
 # the file it writes once the server is up (or FILE.failed, with the reason); these tests run last.
-LLAMA_SERVER_FIXTURES = frozenset({"llama_service", "llama_server"})
-LLAMA_FIXTURES = LLAMA_SERVER_FIXTURES | {"llm_extra"}
+LLAMA_FIXTURES = frozenset({"llm_extra", "llama_service", "llama_server"})
 
 
 def _llama_env_file() -> dict[str, str]:
@@ -112,12 +111,11 @@ def _llama_env_file() -> dict[str, str]:
 
 def _worker_group(item: pytest.Item) -> str:
     """The group a test runs in under pytest-xdist; one group runs on one worker, in order. Tests of
-    one shared service that a test changes or loads share a group: the one Slurm or Ray cluster, the
-    llama.cpp server a benchmark measures (a test that needs only the llm extra is free to go with
-    its module). So do the users of a session's shared reference runs. Any other test runs with its
-    module, whose fixtures are then made once."""
+    one shared service that a test changes or loads (the one Slurm or Ray cluster, the llama.cpp server
+    a benchmark measures) share a group, as do the users of a session's shared reference runs; any
+    other test runs with its module, whose fixtures are then made once."""
     names = set(getattr(item, "fixturenames", ()))
-    if LLAMA_SERVER_FIXTURES & names:
+    if LLAMA_FIXTURES & names:
         return "llama"
     if item.get_closest_marker("cluster"):
         return "cluster"
@@ -142,19 +140,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The order the groups start in, longest first so that short ones fill the gaps at the end: the
-    shared cluster and the shared reference runs, the other real-process tests, the unit tier; last
-    the tests that need the llm extra, so the ones before them run while it builds. Under pytest-xdist
-    each test's group goes to the controller (:func:`_worker_group`)."""
-
-    def rank(item: pytest.Item) -> int:
-        if LLAMA_FIXTURES & set(getattr(item, "fixturenames", ())):
-            return 3
-        if _worker_group(item) in ("cluster", "toy-reference"):
-            return 0
-        return 2 if item.nodeid.startswith("tests/unit/") else 1
-
-    items.sort(key=rank)  # stable: modules keep their order within a rank
+    """Tests that need the llm extra go last, so the ones before them run while it builds; under
+    pytest-xdist each test's group goes to the controller (:func:`_worker_group`)."""
+    needs_llm = [it for it in items if LLAMA_FIXTURES & set(getattr(it, "fixturenames", ()))]
+    if needs_llm:
+        rest = [it for it in items if not LLAMA_FIXTURES & set(getattr(it, "fixturenames", ()))]
+        items[:] = rest + needs_llm
     path = os.environ.get(GROUPS_FILE)
     if path:
         import json
