@@ -404,7 +404,7 @@ class Run:
             if self._recovery.errored is None:
                 try:
                     dist.all_reduce(vec, group=self._ctl_pg)
-                except Exception as e:
+                except Exception as e:  # noqa: BLE001 - a dead peer's error in any form; others re-raise
                     if not self._survivable(e):
                         raise
                     self._recovery.note_error(e)  # the step is discarded at its end; this rank's values stand

@@ -11,7 +11,8 @@
   circuit breaker of :mod:`gpufleet.health.actions`; through the official ``kubernetes`` client
   (the ``k8s`` extra), imported lazily.
 
-No live cluster was used to build or test this package (docs/backends/k8s.md says what was run).
+Its tests drive it against a fake API server at the HTTP boundary (tests/integration/k8s_fake.py);
+docs/backends/k8s.md says what that covers and what only a real cluster can show.
 """
 
 from __future__ import annotations
