@@ -34,20 +34,26 @@ demo: install
 
 # Two tiers. test-fast: unit and in-process CLI tests, no services, no multi-process runs (minutes).
 # test-slow: the real-process contract tests (gloo ranks, kill -9, Slurm, Ray, S3, Prometheus, llama.cpp),
-# with the services `.ci/run` starts. `make test` runs both, as CI does. TEST_WORKERS pytest-xdist
-# workers share the tests out by group (tests/conftest.py: a shared cluster's tests run one at a time);
-# many real-process tests wait on heartbeats, timeouts and schedulers, so two workers fit two cores.
+# with the services `.ci/run` starts. `make test` runs both, as CI does, in two phases: TEST_WORKERS
+# pytest-xdist workers share out all but the `solo` tests by group (tests/conftest.py: a shared cluster's
+# tests run one at a time; many real-process tests wait on heartbeats and schedulers, so two workers fit
+# two cores), then the `solo` tests (latency measurements, minutes of every core) run one at a time.
 TEST_WORKERS ?= 2
-PYTEST = $(VENV)/bin/pytest -q -n $(TEST_WORKERS)
+PYTEST = $(VENV)/bin/pytest -q
+define two_phases
+	$(PYTEST) -n $(TEST_WORKERS) -m "not solo" --durations=30 $(1); parallel=$$?; \
+	$(PYTEST) -m solo --durations=10 $(1); solo=$$?; \
+	echo "parallel phase: exit $$parallel; solo phase: exit $$solo"; [ $$parallel = 0 ] && [ $$solo = 0 ]
+endef
 
 test: install-test
-	$(PYTEST) --durations=25 tests
+	$(call two_phases,tests)
 
 test-fast: install-test
-	$(PYTEST) --durations=10 tests/unit
+	$(PYTEST) -n $(TEST_WORKERS) --durations=10 tests/unit
 
 test-slow: install-test
-	$(PYTEST) --durations=25 tests/integration tests/e2e
+	$(call two_phases,tests/integration tests/e2e)
 
 lint: install-test
 	$(VENV)/bin/ruff check src tests benchmarks

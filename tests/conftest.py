@@ -81,8 +81,9 @@ class LlamaTarget:
 
 
 # Tests that need the llm extra (llama-cpp-python, built from source) or its server. `.ci/run` builds it
-# in the background at low priority while the other tests run, and names in GPUFLEET_TEST_LLAMA_ENV_FILE
-# the file it writes once the server is up (or FILE.failed, with the reason); these tests run last.
+# in the background at low priority while the parallel phase runs, and names in
+# GPUFLEET_TEST_LLAMA_ENV_FILE the file it writes once the server is up (or FILE.failed, with the
+# reason). These tests are `solo`: they run after the parallel phase, one at a time, on a quiet host.
 LLAMA_FIXTURES = frozenset({"llm_extra", "llama_service", "llama_server"})
 
 
@@ -111,12 +112,9 @@ def _llama_env_file() -> dict[str, str]:
 
 def _worker_group(item: pytest.Item) -> str:
     """The group a test runs in under pytest-xdist; one group runs on one worker, in order. Tests of
-    one shared service that a test changes or loads (the one Slurm or Ray cluster, the llama.cpp server
-    a benchmark measures) share a group, as do the users of a session's shared reference runs; any
-    other test runs with its module, whose fixtures are then made once."""
+    the one Slurm or Ray cluster share a group, as do the users of a session's shared reference runs;
+    any other test runs with its module, whose fixtures are then made once."""
     names = set(getattr(item, "fixturenames", ()))
-    if LLAMA_FIXTURES & names:
-        return "llama"
     if item.get_closest_marker("cluster"):
         return "cluster"
     if "toy_reference" in names:
@@ -139,13 +137,13 @@ def pytest_configure(config: pytest.Config) -> None:
         )
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the solo mark below must be on the items
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that need the llm extra go last, so the ones before them run while it builds; under
-    pytest-xdist each test's group goes to the controller (:func:`_worker_group`)."""
-    needs_llm = [it for it in items if LLAMA_FIXTURES & set(getattr(it, "fixturenames", ()))]
-    if needs_llm:
-        rest = [it for it in items if not LLAMA_FIXTURES & set(getattr(it, "fixturenames", ()))]
-        items[:] = rest + needs_llm
+    """Tests that need the llm extra are `solo` (they wait for its build, and most measure latency);
+    under pytest-xdist each test's group goes to the controller (:func:`_worker_group`)."""
+    for it in items:
+        if LLAMA_FIXTURES & set(getattr(it, "fixturenames", ())):
+            it.add_marker(pytest.mark.solo)
     path = os.environ.get(GROUPS_FILE)
     if path:
         import json
