@@ -27,10 +27,12 @@ _HELP = (
     "COMMAND is a plain training script that calls gpufleet.init(). Every flag is checked before a "
     "worker starts.\n\n"
     "Exit codes: 0 done (or stopped cleanly), 1 failed, 2 bad flags or settings (also when a worker "
-    "rejects its settings), 3 no checkpoint progress, 4 restart budget used up, 5 rollback budget used up."
+    "rejects its settings, and a --run-dir that already finished: nothing to train, no worker started), "
+    "3 no checkpoint progress, 4 restart budget used up, 5 rollback budget used up."
     "\n\nExamples:\n\n"
     "  gpufleet run -n 2 --checkpoint-every auto -- python train.py\n\n"
     "  gpufleet run -n 2 --inject kill:rank=1,step=40 -- python train.py\n\n"
+    "  gpufleet run -n 2 --run-dir runs/a --fresh -- python train.py --lr 3e-4\n\n"
     "  gpufleet run --backend slurm --nodes 2 -n 8 --partition gpu -- python train.py"
 )
 
@@ -110,6 +112,14 @@ def run_command(
     run_dir: Annotated[
         str, typer.Option(help="Run directory: ledger, checkpoints, logs, report.")
     ] = "runs/default",
+    fresh: Annotated[
+        bool,
+        typer.Option(
+            help="Start over in --run-dir: move its previous run (ledger, checkpoints, logs) aside into "
+            "RUN_DIR/previous-TIMESTAMP/, never deleting it. Without it, a finished run directory is "
+            "refused (exit 2) and an unfinished one resumes."
+        ),
+    ] = False,
     backend: Annotated[
         str,
         typer.Option(
@@ -250,6 +260,10 @@ def run_command(
 
     request = RunRequest.from_flags(ctx.params, list(ctx.args), tty=sys.stderr.isatty())
     output_dir(request.config.run_dir, "--run-dir")
+    if fresh:  # here, not in a batch job: a requeued job must resume, never start over again
+        from gpufleet.train.rundir import start_over
+
+        print(f"gpufleet: {start_over(request.config)}", file=sys.stderr, flush=True)
     if request.submitter is not None:
         cfg = request.config
         return request.submitter.submit(list(cfg.command), cfg.nproc, cfg.run_dir, _supervisor_flags(ctx))
@@ -285,6 +299,7 @@ def _render(outcome: Outcome) -> int:
 _JOB_OPTIONS = {
     "nproc_per_node",
     "run_dir",
+    "fresh",
     "backend",
     "nodes",
     "spare_nodes",

@@ -137,6 +137,7 @@ class Run:
         self._ddp: DDPWatcher | None = None  # with 3+ ranks or in place: exact resume, rejoin
         self._restored_layout: Layout | None = None  # the restored checkpoint's DDP bucket layout
         self._start = 0
+        self._restored_from: str | None = None  # the checkpoint the last restore loaded
         self.step = 0
         self.epoch = 0
         self.steps_per_epoch: int | None = None
@@ -255,6 +256,11 @@ class Run:
             opt.register_step_pre_hook(self._before_optimizer_step)
             opt.register_step_post_hook(self._after_optimizer_step)
         self._load_state()
+        if not self.supervised and self.is_main:  # no supervisor to say what the run directory held
+            if self._restored_from is None:
+                _say(f"starting fresh in {self.run_dir}")
+            else:
+                _say(f"resuming {self.run_dir} from step {self._start} (checkpoint {self._restored_from})")
         if (self.world_size >= 3 or self._recovery.in_place) and mapper.model is not None:
             from gpufleet.train.exactddp import DDPWatcher
 
@@ -272,6 +278,7 @@ class Run:
             return self._start
         result = self._ckpt.load_primed(engine, max_step)
         self._restored_layout = None
+        self._restored_from = None if result is None else result.path
         if result is None:
             self.sink.emit(E.Restore(step=0, fresh=True, load_s=round(time.monotonic() - t0, 4)))
             self._start = 0
@@ -444,6 +451,13 @@ class Run:
             raise ConfigError("total must be >= 0 and steps_per_epoch > 0")
         self.steps_per_epoch = steps_per_epoch
         step = self._start
+        if step >= total and self._restored_from is not None and not self.supervised and self.is_main:
+            # Standalone, the loop would do nothing without a word (gpufleet run refuses such a run
+            # directory before it starts a worker).
+            _say(
+                f"{self.run_dir} finished at step {step}; nothing to train for steps({total}): "
+                "use a new run directory (GPUFLEET_RUN_DIR, or gpufleet.init(run_dir=...))"
+            )
         while step < total:
             resume = self._in_skip(step)
             if resume is not None:
@@ -590,6 +604,10 @@ class Run:
 
 
 _CURRENT: Run | None = None
+
+
+def _say(line: str) -> None:
+    print(f"gpufleet: {line}", file=sys.stderr, flush=True)
 
 
 def _set_stop_handler(handler: Any) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from gpufleet.backends import Attempt, Blame, LaunchSpec, get_backend
 from gpufleet.core import events as E
+from gpufleet.core.errors import UsageError
 from gpufleet.core.exitcodes import ExitCode
 from gpufleet.core.ledger import Ledger
 from gpufleet.core.ports import free_port
@@ -24,6 +25,7 @@ from gpufleet.core.settings import Env
 from gpufleet.train.faults import faults_to_env
 from gpufleet.train.monitor import AttemptMonitor
 from gpufleet.train.rollback import RollbackPlanner
+from gpufleet.train.rundir import finished, nothing_to_train
 from gpufleet.train.settings import SupervisorConfig
 
 __all__ = ["SupervisorConfig", "Supervisor", "Outcome"]
@@ -64,6 +66,11 @@ class Supervisor:
     def __init__(self, config: SupervisorConfig) -> None:
         self.cfg = config
         self.run_dir = Path(config.run_dir)
+        # A run directory whose last session completed would restore its final checkpoint and train
+        # nothing, whatever the command now asks: refuse it before any backend or worker exists.
+        done = finished(self.run_dir)
+        if done is not None:
+            raise UsageError(nothing_to_train(done))
         self.session = uuid.uuid4().hex[:12]
         self.backend = get_backend(config.backend, standby=config.standby, **config.backend_kwargs())
         self._stop_signals = 0

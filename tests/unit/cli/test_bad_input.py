@@ -66,6 +66,8 @@ CASES: list[tuple[tuple[str, ...], int, str]] = [
     ((*RUN, "--", "/nonexistent/python", "train.py"), 2, "/nonexistent/python"),
     (("run", "--run-dir", "{file}", *CMD), 2, "{file}"),
     (("run", "--run-dir", "/proc/x/run", *CMD), 2, "/proc/x"),
+    ((*RUN, "--fresh=yes", *CMD), 2, "--fresh"),
+    (("run", "--run-dir", "{file}", "--fresh", *CMD), 2, "{file}"),
     # report
     (("report", "{missing}"), 2, "{missing}"),
     (("report", "{file}"), 2, "{file}"),
