@@ -451,12 +451,13 @@ class Run:
             raise ConfigError("total must be >= 0 and steps_per_epoch > 0")
         self.steps_per_epoch = steps_per_epoch
         step = self._start
-        if step >= total and self._restored_from is not None and not self.supervised and self.is_main:
-            # Standalone, the loop would do nothing without a word (gpufleet run refuses such a run
-            # directory before it starts a worker).
+        if step >= total and self._restored_from is not None and self.is_main:
+            # The loop would do nothing without a word (`gpufleet run` refuses the same command on a
+            # finished run directory before it starts a worker; another command gets here).
+            way_out = "--run-dir, or --fresh" if self.supervised else "GPUFLEET_RUN_DIR or init(run_dir=...)"
             _say(
                 f"{self.run_dir} finished at step {step}; nothing to train for steps({total}): "
-                "use a new run directory (GPUFLEET_RUN_DIR, or gpufleet.init(run_dir=...))"
+                f"use a new {way_out}"
             )
         while step < total:
             resume = self._in_skip(step)

@@ -37,6 +37,8 @@ class Finished:
     run_dir: str
     step: int
     """The step it finished at: the newest of its restore, steps and commits."""
+    command: tuple[str, ...] = ()
+    """Its training command, as its ``run_start`` recorded it."""
 
 
 def finished(run_dir: str | os.PathLike[str]) -> Finished | None:
@@ -45,10 +47,12 @@ def finished(run_dir: str | os.PathLike[str]) -> Finished | None:
     status: str | None = None
     step = 0
     started = False
+    command: tuple[str, ...] = ()
     for rec in iter_events(Path(run_dir)):
         kind = rec.get("ev")
         if kind == E.RunStart.kind:  # only the last session counts
             started, status, step = True, None, 0
+            command = tuple(str(a) for a in rec.get("command") or ())
         elif kind == E.RunEnd.kind:
             status = str(rec.get("status"))
         elif kind in (E.Restore.kind, E.CkptCommitted.kind) and isinstance(rec.get("step"), int):
@@ -57,7 +61,7 @@ def finished(run_dir: str | os.PathLike[str]) -> Finished | None:
             step = max(step, rec["step"] + 1)
     if not started or status != E.RunStatus.COMPLETED:
         return None
-    return Finished(run_dir=os.fspath(run_dir), step=step)
+    return Finished(run_dir=os.fspath(run_dir), step=step, command=command)
 
 
 def nothing_to_train(done: Finished) -> str:

@@ -66,10 +66,12 @@ class Supervisor:
     def __init__(self, config: SupervisorConfig) -> None:
         self.cfg = config
         self.run_dir = Path(config.run_dir)
-        # A run directory whose last session completed would restore its final checkpoint and train
-        # nothing, whatever the command now asks: refuse it before any backend or worker exists.
+        # The same command again on a run directory whose last session completed would restore the
+        # final checkpoint and train nothing: refuse it before any backend or worker exists. Another
+        # command may ask for more steps (which only the script knows) and resumes, as a crashed or
+        # stopped run does; its rank 0 says so if it has nothing to train (Run.steps).
         done = finished(self.run_dir)
-        if done is not None:
+        if done is not None and done.command == tuple(config.command):
             raise UsageError(nothing_to_train(done))
         self.session = uuid.uuid4().hex[:12]
         self.backend = get_backend(config.backend, standby=config.standby, **config.backend_kwargs())

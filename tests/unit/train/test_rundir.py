@@ -13,7 +13,7 @@ import torch
 import gpufleet
 from gpufleet.checkpoint.storage.memory import keeper_dir
 from gpufleet.core import events as E
-from gpufleet.core.errors import OutputPathError
+from gpufleet.core.errors import OutputPathError, UsageError
 from gpufleet.core.ledger import Ledger
 from gpufleet.train.rundir import finished, plan_fresh, start_over
 from gpufleet.train.settings import SupervisorConfig
@@ -23,11 +23,13 @@ from support.cli import gpufleet as cli
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 
-def _session(run_dir: Path, end: E.RunStatus | None, steps: int = 40, start: int = 0) -> None:
+def _session(
+    run_dir: Path, end: E.RunStatus | None, steps: int = 40, start: int = 0, command: tuple[str, ...] = ()
+) -> None:
     """One supervised session in RUN_DIR's ledger: restore at ``start``, steps to ``steps``, the final
     commit, and a ``run_end`` with status ``end`` (None: it never ended, as when the supervisor died)."""
     with Ledger(run_dir, session=f"s{start}-{end}") as led:
-        led.emit(E.RunStart(world_size=2, backend="local"))
+        led.emit(E.RunStart(world_size=2, backend="local", command=command))
         led.emit(E.Restore(step=start, load_s=0.01, fresh=start == 0))
         for s in range(start, steps):
             led.emit(E.Step(step=s, dt=0.01))
@@ -67,10 +69,10 @@ def test_only_a_last_session_that_completed_is_finished(tmp_path: Path) -> None:
 
 def test_gpufleet_run_refuses_a_finished_run_directory_before_any_worker(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    _session(run_dir, E.RunStatus.COMPLETED)
-    before = (run_dir / "ledger.jsonl").read_bytes()
     marker = tmp_path / "worker-ran"
     touch = f"import pathlib; pathlib.Path({str(marker)!r}).touch()"
+    _session(run_dir, E.RunStatus.COMPLETED, command=(sys.executable, "-c", touch))
+    before = (run_dir / "ledger.jsonl").read_bytes()
     r = cli("run", "--run-dir", run_dir, "--no-progress", "--", sys.executable, "-c", touch)
     assert_one_line_error(
         r, 2, f"{run_dir} finished at step 40; nothing to train: use a new --run-dir, or --fresh"
@@ -78,6 +80,20 @@ def test_gpufleet_run_refuses_a_finished_run_directory_before_any_worker(tmp_pat
     assert not marker.exists()
     assert (run_dir / "ledger.jsonl").read_bytes() == before  # nothing recorded
     assert sorted(p.name for p in run_dir.iterdir()) == ["ledger.jsonl"]
+
+
+def test_another_command_on_a_finished_run_directory_may_train_on(tmp_path: Path) -> None:
+    # It may ask for more steps, which only the script knows: the supervisor lets it resume (its
+    # rank 0 says so when it has nothing to train; test_a_standalone_run_says_... shows the line).
+    from gpufleet.train.supervisor import Supervisor
+
+    run_dir = tmp_path / "run"
+    _session(run_dir, E.RunStatus.COMPLETED, command=(sys.executable, "train.py", "--steps", "40"))
+    cfg = SupervisorConfig(command=[sys.executable, "train.py", "--steps", "80"], run_dir=str(run_dir))
+    Supervisor(cfg).backend.close()
+    again = SupervisorConfig(command=[sys.executable, "train.py", "--steps", "40"], run_dir=str(run_dir))
+    with pytest.raises(UsageError, match="finished at step 40; nothing to train"):
+        Supervisor(again)
 
 
 def test_bad_flags_with_fresh_move_nothing(tmp_path: Path) -> None:
@@ -159,8 +175,8 @@ def test_a_standalone_run_says_where_it_starts_and_that_a_finished_one_has_nothi
     _train(run_dir, 3)
     assert capsys.readouterr().err.splitlines() == [
         f"gpufleet: resuming {run_dir} from step 3 (checkpoint {run_dir / 'checkpoints' / 'step_00000003'})",
-        f"gpufleet: {run_dir} finished at step 3; nothing to train for steps(3): use a new run directory "
-        "(GPUFLEET_RUN_DIR, or gpufleet.init(run_dir=...))",
+        f"gpufleet: {run_dir} finished at step 3; nothing to train for steps(3): "
+        "use a new GPUFLEET_RUN_DIR or init(run_dir=...)",
     ]
     _train(run_dir, 5)  # more steps: it trains on from the final checkpoint
     assert capsys.readouterr().err.splitlines() == [
