@@ -25,9 +25,12 @@ def test_standalone_run_resumes_where_it_stopped(tmp_path):
     assert p.returncode == 0, p.stderr
     first = json.loads(next(tmp_path.glob("final-*.json")).read_text())
     assert first["start"] == 0 and first["steps"] == list(range(25))
+    assert f"gpufleet: starting fresh in {tmp_path}\n" in p.stderr
     # Asking for more steps continues from the final checkpoint at step 25, exactly.
     p = run_standalone(tmp_path, "--steps", "40")
     assert p.returncode == 0, p.stderr
+    ckpt = tmp_path / "checkpoints" / "step_00000025"
+    assert f"gpufleet: resuming {tmp_path} from step 25 (checkpoint {ckpt})\n" in p.stderr
     finals = [json.loads(f.read_text()) for f in tmp_path.glob("final-*.json")]
     second = [f for f in finals if f["start"] == 25][0]
     assert second["steps"] == list(range(25, 40))

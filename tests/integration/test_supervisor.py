@@ -215,3 +215,31 @@ def test_auto_interval_measures_stall_persist_and_interference(tmp_path):
     assert all(d["interference_s"] >= 0 for d in decisions)
     assert last.get("persist_s") is None or last["persist_s"] > 0  # omitted from the line when None
     assert evs(tmp_path, "ckpt_committed") and evs(tmp_path, "run_end")[-1]["status"] == "completed"
+
+
+def test_a_finished_run_directory_is_refused_and_fresh_starts_it_over(tmp_path):
+    run_dir = tmp_path / "run"
+    p = gpufleet_run(run_dir, steps=10, nproc=1)
+    assert p.returncode == 0, p.stderr[-3000:]
+    first = final(run_dir)
+    ledger = (run_dir / "ledger.jsonl").read_bytes()
+    # The same command again: refused before any worker starts, nothing recorded.
+    p = gpufleet_run(run_dir, steps=10, nproc=1)
+    assert p.returncode == 2, p.stderr[-3000:]
+    assert p.stderr.strip() == (
+        f"gpufleet: error: {run_dir} finished at step 10; nothing to train: use a new --run-dir, or --fresh"
+    )
+    assert (run_dir / "ledger.jsonl").read_bytes() == ledger
+    assert len(list(run_dir.glob("final-*.json"))) == 1
+    # --fresh: the previous run moves aside, whole, and the run trains again from step 0.
+    p = gpufleet_run(run_dir, "--fresh", steps=10, nproc=1)
+    assert p.returncode == 0, p.stderr[-3000:]
+    (prev,) = run_dir.glob("previous-*")
+    assert f"gpufleet: {run_dir}: starting fresh; moved the previous run to {prev}" in p.stderr
+    assert (prev / "ledger.jsonl").read_bytes() == ledger
+    assert (prev / "checkpoints" / "step_00000010" / "manifest.json").exists()
+    restores = evs(run_dir, "restore")
+    assert len(restores) == 1 and restores[0]["fresh"] and restores[0]["step"] == 0
+    assert [e["status"] for e in evs(run_dir, "run_end")] == ["completed"]
+    again = final(run_dir)
+    assert again["steps"] == list(range(10)) and again["sha256"] == first["sha256"]
