@@ -27,7 +27,7 @@ _HELP = (
     "COMMAND is a plain training script that calls gpufleet.init(). Every flag is checked before a "
     "worker starts.\n\n"
     "Exit codes: 0 done (or stopped cleanly), 1 failed, 2 bad flags or settings (also when a worker "
-    "rejects its settings, and a --run-dir that already finished: nothing to train, no worker started), "
+    "rejects its settings, and the same command on a --run-dir that finished: nothing to train), "
     "3 no checkpoint progress, 4 restart budget used up, 5 rollback budget used up."
     "\n\nExamples:\n\n"
     "  gpufleet run -n 2 --checkpoint-every auto -- python train.py\n\n"
@@ -116,8 +116,8 @@ def run_command(
         bool,
         typer.Option(
             help="Start over in --run-dir: move its previous run (ledger, checkpoints, logs) aside into "
-            "RUN_DIR/previous-TIMESTAMP/, never deleting it. Without it, a finished run directory is "
-            "refused (exit 2) and an unfinished one resumes."
+            "RUN_DIR/previous-TIMESTAMP/, never deleting it. Without it, the same command on a finished "
+            "run directory is refused (exit 2), and otherwise the run resumes (docs/supervisor.md)."
         ),
     ] = False,
     backend: Annotated[
