@@ -36,6 +36,7 @@ _HELP = (
     "rejects its settings), 3 no checkpoint progress, 4 restart budget used up, 5 rollback budget used up."
     "\n\nExamples:\n\n"
     "  gpufleet run -n 2 --checkpoint-every auto -- python train.py\n\n"
+    "  gpufleet run --nproc-per-node 2 --standalone train.py --lr 3e-4\n\n"
     "  gpufleet run -n 2 --inject kill:rank=1,step=40 -- python train.py\n\n"
     "  gpufleet run --backend slurm --nodes 2 -n 8 --partition gpu -- python train.py"
 )
