@@ -4,7 +4,10 @@ Each backend runs two ranks (local: one host x 2; srun: 2 nodes x 1 of the real 
 .ci/run starts). The contract: ranks see the right RANK/WORLD_SIZE; poll reports exit codes (0,
 nonzero, -N for a signal); a final-checkpoint request reaches every rank; stop ends a rank that
 ignores SIGTERM; events a rank writes arrive through the attempt's event channel; after a failure
-that lost nothing the backend's verdict is "restart".
+that lost nothing the backend's verdict is "restart". The environment contract (backends.environ):
+a variable of the launching shell and one from ``--env`` reach every rank (Kubernetes: ``--env``'s
+only), torchrun's variables are set, and a host-specific variable of the launching shell stays on its
+host.
 
 A new backend joins by one line in ``BACKENDS`` (a factory: pytest request -> (backend, ranks per node)).
 """
@@ -27,6 +30,7 @@ from slurm_helpers import requires_slurm
 
 from gpufleet.backends import BACKENDS as REGISTERED
 from gpufleet.backends import Attempt, Backend, LaunchSpec, backend_class, get_backend
+from gpufleet.backends.environ import launch_environ
 from gpufleet.backends.local import LocalBackend
 from gpufleet.core.errors import UsageError
 from gpufleet.core.ports import free_port
@@ -50,8 +54,10 @@ def note(name, **data):  # for the test to read
 
 if mode == "env":
     keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-            "GPUFLEET_ATTEMPT")
-    note("env", **{k: os.environ[k] for k in keys})
+            "GPUFLEET_ATTEMPT", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT",
+            "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID")
+    seen = ("CONFORMANCE_SHELL_VAR", "CONFORMANCE_ENV_FLAG", "OLDPWD")  # may be unset
+    note("env", **{k: os.environ[k] for k in keys}, **{k: os.environ.get(k) for k in seen})
 elif mode == "exit3":
     sys.exit(3 if rank == 1 else 0)
 elif mode == "sigkill":
@@ -81,6 +87,9 @@ elif mode == "stubborn":
 pytestmark = pytest.mark.slow
 
 DEADLINE_S = 90.0  # generous: srun steps on a loaded 2-core host
+SHELL_VAR = ("CONFORMANCE_SHELL_VAR", "from the shell")  # set in the launching environment
+ENV_FLAG = ("CONFORMANCE_ENV_FLAG", "from --env")  # given as --env
+HOST_VAR = ("OLDPWD", "/conformance/launching-host")  # host-specific: no other host inherits it
 
 
 # ---------------------------------------------------------------------------------- backends
@@ -168,6 +177,10 @@ class Harness:
             master_port=free_port(),
             attempt=attempt,
             log_dir=str(self.tmp / "logs"),
+            max_restarts=7,
+            run_id="conformance",
+            # as the supervisor makes it (train/supervisor.py, _spec)
+            forward=launch_environ(dict([ENV_FLAG]), inherit=self.backend.inherits_environment),
         )
         self.backend.prepare(spec)  # as the supervisor does: standbys are made here
         run = self.backend.start(spec)
@@ -177,6 +190,9 @@ class Harness:
 
 @pytest.fixture(params=BACKENDS)
 def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
+    monkeypatch = request.getfixturevalue("monkeypatch")
+    monkeypatch.setenv(*SHELL_VAR)  # the launching environment, as the supervisor reads it
+    monkeypatch.setenv(*HOST_VAR)
     backend, nproc = request.param(request)
     (tmp_path / "run").mkdir()
     h = Harness(backend, nproc, tmp_path)
@@ -233,6 +249,24 @@ def test_ranks_see_their_rank_and_world_size(harness: Harness) -> None:
         assert e["LOCAL_WORLD_SIZE"] == str(harness.nproc) and int(e["LOCAL_RANK"]) < harness.nproc
     # one rendezvous point for all ranks
     assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in env.values()}) == 1
+    # torchrun's variables
+    for rank, e in env.items():
+        assert (e["ROLE_RANK"], e["ROLE_WORLD_SIZE"]) == (str(rank), "2")
+        assert e["GROUP_RANK"] == str(rank // harness.nproc)
+        assert (e["TORCHELASTIC_RESTART_COUNT"], e["TORCHELASTIC_MAX_RESTARTS"]) == ("3", "7")
+        assert e["TORCHELASTIC_RUN_ID"] == "conformance"
+    # the environment contract: --env everywhere; the launching shell's everywhere but Kubernetes, whose
+    # pods take only --env's (the fake kubelet hands its pods this process's environment, so what a pod
+    # inherits is not checked there); a host-specific variable only on the launching host itself
+    name = harness.backend.name
+    for e in env.values():
+        assert e[ENV_FLAG[0]] == ENV_FLAG[1]
+        if name != "k8s-jobs":
+            assert e[SHELL_VAR[0]] == SHELL_VAR[1]
+        if name == "local":
+            assert e[HOST_VAR[0]] == HOST_VAR[1]  # the same host: its own value
+        elif name != "k8s-jobs":
+            assert e[HOST_VAR[0]] != HOST_VAR[1]
 
 
 @pytest.mark.parametrize("mode,codes", [("exit3", {0: 0, 1: 3}), ("sigkill", {0: 0, 1: -9})])

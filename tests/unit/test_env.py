@@ -22,6 +22,7 @@ DOC = ROOT / "docs" / "environment.md"
 # reads through the declarations itself: only ``**os.environ`` and ``dict(os.environ...)`` there.
 PASS_THROUGH = {
     "backends/local.py": "a rank's environment: the supervisor's, plus the rank's own variables",
+    "backends/environ.py": "what every rank inherits from the launch: the launching environment",
     "backends/slurm/srun.py": "srun's environment: the supervisor's, plus the node agent's spec",
     "backends/ray/backend.py": "a node agent's environment inside its Ray actor",
     "backends/ray/quarantine.py": "a health check's environment inside its Ray task",

@@ -59,6 +59,12 @@ class LaunchSpec:
     # --cpu-affinity as text (none, auto, numa, 0-3:4-7), applied on each node by the backend that starts
     # its ranks (backends.resources); threads per rank default to their share of the node's CPUs there.
     cpu_affinity: str = "none"
+    max_restarts: int = 0  # --max-restarts, as TORCHELASTIC_MAX_RESTARTS
+    run_id: str = ""  # --rdzv-id (else the run's session), as TORCHELASTIC_RUN_ID
+    # What every rank inherits from the launch (backends.environ.launch_environ): the launching
+    # environment less its host-specific variables, with --env on top. A backend that delivers it
+    # through a process's own environment (srun, Ray) empties it in the spec it ships to a node.
+    forward: dict[str, str] = field(default_factory=dict)
 
     def log_path(self, rank: int) -> str | None:
         if self.log_dir is None:
@@ -80,11 +86,19 @@ class LaunchSpec:
 
     def rank_env(self, local_rank: int) -> dict[str, str]:
         """The variables that place one rank of this node in the job and its rendezvous."""
+        place = self.place(local_rank)
         return {
-            **self.place(local_rank).to_environ(),
+            **place.to_environ(),
             Platform.GROUP_RANK: Platform.GROUP_RANK.format(self.node_rank),
+            Platform.GROUP_WORLD_SIZE: Platform.GROUP_WORLD_SIZE.format(self.nnodes),
+            Platform.ROLE_NAME: Platform.ROLE_NAME.default,
+            Platform.ROLE_RANK: Platform.ROLE_RANK.format(place.rank),
+            Platform.ROLE_WORLD_SIZE: Platform.ROLE_WORLD_SIZE.format(place.world_size),
             Platform.MASTER_ADDR: self.master_addr,
             Platform.MASTER_PORT: Platform.MASTER_PORT.format(self.master_port),
+            Platform.TORCHELASTIC_RESTART_COUNT: Platform.TORCHELASTIC_RESTART_COUNT.format(self.attempt),
+            Platform.TORCHELASTIC_MAX_RESTARTS: Platform.TORCHELASTIC_MAX_RESTARTS.format(self.max_restarts),
+            Platform.TORCHELASTIC_RUN_ID: self.run_id,
             Env.ATTEMPT: Env.ATTEMPT.format(self.attempt),
         }
 
@@ -175,6 +189,8 @@ class Backend(ABC):
     """Where worker processes run. Implement :meth:`start` (and an :class:`Attempt`); the rest is optional."""
 
     name: ClassVar[str]
+    inherits_environment: ClassVar[bool] = True
+    """Whether ranks inherit the launching environment (backends.environ); else only ``--env``'s."""
 
     @classmethod
     def options(cls, flags: Mapping[str, Any]) -> dict[str, Any]:

@@ -168,7 +168,7 @@ class LocalBackend(Backend):
 
     def _spawn_standby(self, spec: LaunchSpec, res: RankResources, *, eager: bool) -> _Standby:
         r, w = os.pipe()
-        env = {**os.environ, **spec.env}
+        env = {**os.environ, **spec.forward, **spec.env}
         # The share is fixed before `import torch`: OpenMP reads it once, as the library loads.
         env.update(thread_env(res.threads, env), **{Env.CONTROL_FD: str(w)})
         if eager:  # warm at normal priority: see Backend.prepare
@@ -190,6 +190,7 @@ class LocalBackend(Backend):
         rebuild = not all(self._spare_for(r, spec.world_size) for r in ranks)
         launched = [self._launch(spec, i, rebuild=rebuild) for i in range(spec.nproc_per_node)]
         if self.host_store:  # after the spawns: the ranks import torch meanwhile, and retry until it is up
+            self._store = None  # the last attempt's first: a fixed --master-port binds the same port
             self._store = _RendezvousStore(spec)
         return _attempt(spec, launched)
 
@@ -226,6 +227,7 @@ class LocalBackend(Backend):
             return None  # a survivor did not leave its round: the supervisor restarts the whole attempt
         rebuild = not in_place or not all(self._spare_for(r, spec.world_size) for r in lost)
         if self.host_store:  # up before any rank of the new round asks for it
+            self._store = None  # the last round's first: a fixed --master-port binds the same port
             self._store = _RendezvousStore(spec)
         kept = attempt.handover(survivors)
         launched: list[_Launched] = []
@@ -259,7 +261,7 @@ class LocalBackend(Backend):
         """A rank's environment for ``spec``, and whether the thread variables were set by gpufleet."""
         res = self._plan(spec, spec.nproc_per_node)[local_rank]
         devices = visible_devices(self.active_slots(spec)) if self.dropped else {}
-        env = {**spec.env, **spec.rank_env(local_rank), **devices}
+        env = {**spec.forward, **spec.env, **spec.rank_env(local_rank), **devices}
         if self.host_store:  # torch's env:// rendezvous: every rank a client of this process's store
             env[AGENT_STORE_ENV] = "True"
         threads = thread_env(res.threads, {**os.environ, **env})
@@ -372,7 +374,7 @@ class LocalBackend(Backend):
             if self.dropped and affinity.lists:  # explicit lists belong to slots: keep the live ones'
                 affinity = type(affinity)(affinity.mode, tuple(affinity.lists[s] for s in self.slots or ()))
             self._plans[key] = host_plan(nproc, affinity)
-            note = thread_note(self._plans[key], {**os.environ, **spec.env})
+            note = thread_note(self._plans[key], {**os.environ, **spec.forward, **spec.env})
             if note and not self._noted:
                 print(note, file=sys.stderr)
                 self._noted = True

@@ -7,12 +7,18 @@ the Slurm submission -> one summary line. A bad value is one line on stderr and 
 from __future__ import annotations
 
 import atexit
+import os
+import shutil
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from typer.core import TyperCommand
+
+from gpufleet.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from gpufleet.backends.base import Submitter
@@ -20,7 +26,7 @@ if TYPE_CHECKING:
     from gpufleet.train.settings import SupervisorConfig
     from gpufleet.train.supervisor import Outcome
 
-__all__ = ["register", "RunRequest"]
+__all__ = ["register", "RunRequest", "TorchrunLaunch", "torchrun_launch", "launch_env", "script_command"]
 
 _HELP = (
     "Run COMMAND (after --) as N supervised workers; restart on crash, hang or loss spike.\n\n"
@@ -31,6 +37,7 @@ _HELP = (
     "3 no checkpoint progress, 4 restart budget used up, 5 rollback budget used up."
     "\n\nExamples:\n\n"
     "  gpufleet run -n 2 --checkpoint-every auto -- python train.py\n\n"
+    "  gpufleet run --nproc-per-node 2 --standalone train.py --lr 3e-4\n\n"
     "  gpufleet run -n 2 --inject kill:rank=1,step=40 -- python train.py\n\n"
     "  gpufleet run -n 2 --run-dir runs/a --fresh -- python train.py --lr 3e-4\n\n"
     "  gpufleet run --backend slurm --nodes 2 -n 8 --partition gpu -- python train.py"
@@ -40,11 +47,43 @@ _HELP = (
 def register(app: typer.Typer) -> None:
     app.command(
         "run",
-        context_settings={"allow_extra_args": True, "ignore_unknown_options": False},
+        cls=_RunCommand,
+        # Options end at the first argument that is not one (torchrun's `train.py --its-flags`).
+        context_settings={
+            "allow_extra_args": True,
+            "ignore_unknown_options": False,
+            "allow_interspersed_args": False,
+        },
         no_args_is_help=True,
         help=_HELP,
-        options_metavar="[OPTIONS] -- COMMAND [ARGS]...",
+        options_metavar="[OPTIONS] [--] COMMAND | SCRIPT.py | -m MODULE [ARGS]...",
     )(run_command)
+
+
+class _RunCommand(TyperCommand):
+    """``gpufleet run``: ``-m MODULE ARGS...`` (torchrun's form) ends the options, as ``--`` does."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, _module_form(self, args))
+
+
+def _module_form(command: Any, args: list[str]) -> list[str]:
+    """``[OPTIONS] -m MOD ARGS...`` -> ``[OPTIONS] -- PYTHON -m MOD ARGS...``: MOD's arguments are its own."""
+    takes_value = {
+        o
+        for p in command.params
+        if p.param_type_name == "option" and not getattr(p, "is_flag", False)
+        for o in p.opts
+    }
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--" or not arg.startswith("-"):
+            return args  # the command starts here: its -m is its own
+        if arg in ("-m", "--module"):
+            return [*args[:i], "--", sys.executable, "-m", *args[i + 1 :]]
+        i += 2 if arg in takes_value else 1
+    return args
 
 
 @dataclass(frozen=True)
@@ -65,6 +104,10 @@ class RunRequest:
         submitter_cls = submitter_class(p["backend"]) if p["backend"] not in BACKENDS else None
         # a batch submission's supervisor runs inside the job, on the submitter's inner backend
         backend = submitter_cls.inner if submitter_cls is not None else p["backend"]
+        launch = torchrun_launch(p)
+        env = launch_env(p)
+        p = {**p, "nodes": launch.nodes, "min_nodes": launch.min_nodes}
+        command = script_command(command, p["backend"])
         options = backend_class(backend).options(p)
         config = SupervisorConfig(
             command=command,
@@ -94,6 +137,10 @@ class RunRequest:
             slot_failures=p["slot_failures"],
             in_process_restart=p["in_process_restart"],
             straggler_action=p["straggler_action"],
+            master_addr=launch.master_addr,
+            master_port=launch.master_port,
+            rdzv_id=p["rdzv_id"],
+            env=env,
         )
         metrics = None
         if p.get("metrics") is not None:
@@ -104,10 +151,147 @@ class RunRequest:
         return cls(config=config, submitter=submitter, metrics=metrics)
 
 
+# -------------------------------------------------------------------------- torchrun's launch line
+_ON_ITS_OWN = ("ray", "k8s", "k8s-jobs")  # backends that choose the rendezvous address and port
+_MANY_NODES = "--backend srun, slurm, ray or k8s"
+
+
+@dataclass(frozen=True)
+class TorchrunLaunch:
+    """What torchrun's flags ask of gpufleet, checked against the backend."""
+
+    nodes: int | None
+    min_nodes: int | None
+    master_addr: str | None
+    master_port: int | None
+
+
+def _count(text: str, what: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise ConfigError(f"--nnodes {what!r}: expected N or MIN:MAX (positive integers)") from None
+    if n < 1:
+        raise ConfigError(f"--nnodes {what!r}: expected N or MIN:MAX (positive integers)")
+    return n
+
+
+def torchrun_launch(p: Mapping[str, Any]) -> TorchrunLaunch:
+    """torchrun's flags in ``p`` (``gpufleet run``'s parameters) for ``p["backend"]``: each is honoured
+    or refused (ConfigError), never ignored (docs/torchrun.md)."""
+    backend = p["backend"]
+    nodes, min_nodes = p.get("nodes"), p.get("min_nodes")
+    if p.get("nnodes") is not None:
+        text = p["nnodes"]
+        low, sep, high = text.partition(":")
+        lo = _count(low, text)
+        hi = _count(high, text) if sep else lo
+        if lo > hi:
+            raise ConfigError(f"--nnodes {text}: MIN is more than MAX")
+        if backend == "local":
+            if hi != 1:
+                raise ConfigError(
+                    f"--nnodes {text}: the local backend runs one node (this host); for several nodes use "
+                    f"{_MANY_NODES}, which start every node's ranks"
+                )
+        else:
+            if nodes is not None and nodes != hi:
+                raise ConfigError(f"--nnodes {text} and --nodes {nodes} disagree")
+            if min_nodes is not None and lo != hi and min_nodes != lo:
+                raise ConfigError(f"--nnodes {text} and --min-nodes {min_nodes} disagree")
+            nodes = hi
+            min_nodes = lo if lo != hi else min_nodes
+    if p.get("node_rank") not in (None, 0):
+        raise ConfigError(
+            f"--node-rank {p['node_rank']}: gpufleet starts every node's ranks from one `gpufleet run` "
+            f"({_MANY_NODES}); run it once, not once per node"
+        )
+    rdzv = p.get("rdzv_backend")
+    if rdzv is not None and rdzv not in ("c10d", "static"):
+        raise ConfigError(
+            f"--rdzv-backend {rdzv}: gpufleet's rendezvous is a c10d store it hosts itself; "
+            "use c10d or static (or leave it out)"
+        )
+    addr, port = p.get("master_addr"), p.get("master_port")
+    endpoint = p.get("rdzv_endpoint")
+    if endpoint:
+        host, sep, tail = endpoint.rpartition(":") if ":" in endpoint else (endpoint, "", "")
+        end_port = None
+        if sep:
+            if not tail.isdigit() or not host:
+                raise ConfigError(f"--rdzv-endpoint {endpoint!r}: expected HOST[:PORT]")
+            end_port = int(tail)
+        if addr is not None and addr != host:
+            raise ConfigError(f"--rdzv-endpoint {endpoint} and --master-addr {addr} disagree")
+        if port is not None and end_port is not None and port != end_port:
+            raise ConfigError(f"--rdzv-endpoint {endpoint} and --master-port {port} disagree")
+        addr, port = host, port if port is not None else end_port
+    if p.get("standalone"):
+        if backend != "local":
+            raise ConfigError(
+                f"--standalone runs one node on this host (the local backend), not --backend {backend}"
+            )
+        if addr is not None:
+            raise ConfigError(
+                "--standalone picks its rendezvous on this host; drop --rdzv-endpoint/--master-addr"
+            )
+    if backend != "local" and addr is not None:
+        raise ConfigError(
+            f"--master-addr/--rdzv-endpoint: the {backend} backend places the rendezvous on its first node"
+        )
+    if backend in _ON_ITS_OWN and port is not None:
+        raise ConfigError(f"--master-port: the {backend} backend picks the rendezvous port on its first node")
+    return TorchrunLaunch(nodes=nodes, min_nodes=min_nodes, master_addr=addr, master_port=port)
+
+
+def launch_env(p: Mapping[str, Any]) -> dict[str, str]:
+    """``--env-file`` then ``--env`` (a later one wins): the variables every rank gets. On the k8s
+    backend they are written into manifests, so credential-looking names are refused there."""
+    from gpufleet.backends.environ import credential_names, parse_env_file, parse_env_items
+
+    env = parse_env_file(p["env_file"]) if p.get("env_file") else {}
+    env.update(parse_env_items(p.get("env") or ()))
+    secret = credential_names(env) if p["backend"] == "k8s" else []
+    if secret:
+        raise ConfigError(
+            f"--env {secret[0]}: the k8s backend would write it into the manifests in clear text; "
+            "give it to the pods through a Kubernetes Secret instead (docs/torchrun.md)"
+        )
+    return env
+
+
+def script_command(command: list[str], backend: str) -> list[str]:
+    """torchrun's ``SCRIPT.py ARGS...`` (or a file that is not executable) runs under Python: this
+    interpreter where the ranks share this host's files (local, srun, slurm), else the nodes'
+    ``python``. A missing script is a ConfigError before anything starts."""
+    if not command:
+        return command
+    here = backend not in _ON_ITS_OWN
+    first = command[0]
+    path = Path(first)
+    if first.endswith(".py") or (path.is_file() and not os.access(path, os.X_OK)):
+        if here and not path.is_file():
+            raise ConfigError(f"{first}: no such script")
+        return [sys.executable if here else "python", *command]
+    if here and shutil.which(first) is not None:
+        from gpufleet.backends.local import python_entry
+
+        entry = python_entry(command)
+        if entry is not None and not entry[1] and not Path(entry[0][0]).is_file():
+            raise ConfigError(f"{entry[0][0]}: no such script")
+    return command
+
+
 def run_command(
     ctx: typer.Context,
     nproc_per_node: Annotated[
-        int, typer.Option("--nproc-per-node", "-n", help="Worker processes per node (this host, each node).")
+        int,
+        typer.Option(
+            "--nproc-per-node",
+            "--nproc_per_node",
+            "-n",
+            help="Worker processes per node (this host, each node).",
+        ),
     ] = 1,
     run_dir: Annotated[
         str, typer.Option(help="Run directory: ledger, checkpoints, logs, report.")
@@ -128,7 +312,12 @@ def run_command(
         ),
     ] = "local",
     max_restarts: Annotated[
-        int, typer.Option(help="Restarts allowed within --restart-window steps (exit 4 beyond).")
+        int,
+        typer.Option(
+            "--max-restarts",
+            "--max_restarts",
+            help="Restarts allowed within --restart-window steps (exit 4 beyond).",
+        ),
     ] = 10,
     restart_window: Annotated[
         int, typer.Option(help="Steps over which --max-restarts counts (0: the whole run).")
@@ -255,6 +444,86 @@ def run_command(
     run_claim: Annotated[
         str | None, typer.Option(help="k8s: ReadWriteMany PVC for the run directory (else use --upload).")
     ] = None,
+    # -- torchrun's launch line (docs/torchrun.md), and the ranks' environment ---------------------
+    nnodes: Annotated[
+        str | None,
+        typer.Option(
+            "--nnodes",
+            metavar="N|MIN:MAX",
+            help="torchrun's: nodes (MIN:MAX: go on with MIN after a loss). local: 1 only; "
+            "srun/slurm/ray/k8s: as --nodes (--min-nodes).",
+        ),
+    ] = None,
+    node_rank: Annotated[
+        int | None,
+        typer.Option(
+            "--node-rank",
+            "--node_rank",
+            help="torchrun's: 0 only. gpufleet starts every node's ranks from one `gpufleet run`.",
+        ),
+    ] = None,
+    standalone: Annotated[
+        bool,
+        typer.Option(
+            "--standalone", help="torchrun's: one node, a rendezvous on a free port here (the local backend)."
+        ),
+    ] = False,
+    rdzv_backend: Annotated[
+        str | None,
+        typer.Option(
+            "--rdzv-backend",
+            "--rdzv_backend",
+            metavar="c10d|static",
+            help="torchrun's: c10d or static, both gpufleet's own c10d store (etcd is not supported).",
+        ),
+    ] = None,
+    rdzv_endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--rdzv-endpoint",
+            "--rdzv_endpoint",
+            metavar="HOST[:PORT]",
+            help="torchrun's: local: the rendezvous store's address (as --master-addr/--master-port).",
+        ),
+    ] = None,
+    rdzv_id: Annotated[
+        str | None,
+        typer.Option(
+            "--rdzv-id", "--rdzv_id", help="torchrun's: the job id ranks see as TORCHELASTIC_RUN_ID."
+        ),
+    ] = None,
+    master_addr: Annotated[
+        str | None,
+        typer.Option(
+            "--master-addr",
+            "--master_addr",
+            help="local: the rendezvous address ranks see as MASTER_ADDR (default 127.0.0.1).",
+        ),
+    ] = None,
+    master_port: Annotated[
+        int | None,
+        typer.Option(
+            "--master-port",
+            "--master_port",
+            help="local, srun/slurm: the rendezvous port ranks see as MASTER_PORT (default: a free one).",
+        ),
+    ] = None,
+    env: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--env",
+            metavar="KEY=VALUE",
+            help="A variable every rank gets, repeatable; wins over --env-file and the launching shell's.",
+        ),
+    ] = None,
+    env_file: Annotated[
+        str | None,
+        typer.Option(
+            "--env-file",
+            metavar="PATH",
+            help="KEY=VALUE lines (# comments) every rank gets; wins over the launching shell's.",
+        ),
+    ] = None,
 ) -> int:
     from gpufleet.core.paths import output_dir
 
@@ -266,7 +535,12 @@ def run_command(
         print(f"gpufleet: {start_over(request.config)}", file=sys.stderr, flush=True)
     if request.submitter is not None:
         cfg = request.config
-        return request.submitter.submit(list(cfg.command), cfg.nproc, cfg.run_dir, _supervisor_flags(ctx))
+        flags = _supervisor_flags(ctx)
+        if cfg.env and ctx.params["backend"] == "k8s":  # the supervisor pod's command line (no credential)
+            flags += [f for k, v in cfg.env.items() for f in ("--env", f"{k}={v}")]
+        elif cfg.env:  # sbatch hands the job its environment: the values stay out of the script
+            os.environ.update(cfg.env)
+        return request.submitter.submit(list(cfg.command), cfg.nproc, cfg.run_dir, flags)
     from gpufleet.train.supervisor import Supervisor
 
     if request.config.worker.memory_tier:  # the keeper outlives every worker, not the run
@@ -314,6 +588,16 @@ _JOB_OPTIONS = {
     "image",
     "namespace",
     "run_claim",
+    # torchrun's flags become the job's shape (--nnodes: --nodes) or are checked here; --env and
+    # --env-file reach the job as its environment (run_command)
+    "nnodes",
+    "node_rank",
+    "standalone",
+    "rdzv_backend",
+    "rdzv_endpoint",
+    "master_addr",
+    "env",
+    "env_file",
 }
 
 

@@ -203,6 +203,19 @@ class Platform:
     )
     GROUP_RANK = Var("GROUP_RANK", int, 0, "this node's index in the job")
     NODE_RANK = Var("NODE_RANK", int, 0, "the same, as some launchers name it")
+    GROUP_WORLD_SIZE = Var("GROUP_WORLD_SIZE", int, 1, "nodes in the job (torchrun)")
+    ROLE_NAME = Var("ROLE_NAME", str, "default", "the worker group's role (torchrun: default)")
+    ROLE_RANK = Var("ROLE_RANK", int, 0, "this process's rank among its role's workers (torchrun: RANK)")
+    ROLE_WORLD_SIZE = Var("ROLE_WORLD_SIZE", int, 1, "workers of its role (torchrun: WORLD_SIZE)")
+    TORCHELASTIC_RESTART_COUNT = Var(
+        "TORCHELASTIC_RESTART_COUNT", int, 0, "restarts before this attempt (gpufleet: the attempt number)"
+    )
+    TORCHELASTIC_MAX_RESTARTS = Var(
+        "TORCHELASTIC_MAX_RESTARTS", int, 0, "the restart budget (gpufleet: --max-restarts)"
+    )
+    TORCHELASTIC_RUN_ID = Var(
+        "TORCHELASTIC_RUN_ID", str, "", "the job's id (--rdzv-id; gpufleet: else the run's session)"
+    )
     MASTER_ADDR = Var("MASTER_ADDR", str, "127.0.0.1", "rank 0's address, for torch's env:// rendezvous")
     MASTER_PORT = Var("MASTER_PORT", int, 29500, "rank 0's port, for torch's env:// rendezvous")
     GLOO_SOCKET_IFNAME = Var(

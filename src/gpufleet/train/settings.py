@@ -52,6 +52,10 @@ FLAGS: dict[str, str] = {
     "slot_failures": "--slot-failures",
     "in_process_restart": "--in-process-restart",
     "straggler_action": "--straggler-action",
+    "master_addr": "--master-addr",
+    "master_port": "--master-port",
+    "rdzv_id": "--rdzv-id",
+    "env": "--env",
     **SETTING_FLAG,
 }
 _WORKER_FIELDS = (
@@ -102,6 +106,14 @@ class SupervisorConfig(BaseModel):
     slot_failures: int = Field(2, ge=1)  # local, with min_nproc: failures in a row that drop a slot
     in_process_restart: bool = False  # local: survivors of a crash or hang rejoin in their own process
     straggler_action: Literal["record", "restart"] = "record"  # restart: a persistent straggler is a failure
+    # torchrun's launch line (cli/run.py checks the combinations): the rendezvous address and port
+    # (None: the backend's choice) and TORCHELASTIC_RUN_ID (None: the run's session).
+    master_addr: str | None = Field(None, min_length=1)
+    master_port: int | None = Field(None, ge=1, le=65535)
+    rdzv_id: str | None = None
+    # --env / --env-file: variables every rank gets (backends.environ). Left out of public(): the
+    # ledger's run_start never holds their values, which may be credentials.
+    env: dict[str, str] = Field(default_factory=dict, exclude=True)
 
     _faults: list[Fault] = PrivateAttr(default_factory=list)
     _worker: RunSettings = PrivateAttr()

@@ -130,14 +130,21 @@ class Supervisor:
         }
         # With the live view on, worker output would tear it apart: send it to per-rank log files.
         log_dir = str(self.run_dir / "logs") if self.cfg.progress else None
+        from gpufleet.backends.environ import launch_environ
+
         return LaunchSpec(
             command=self.cfg.command,
             nproc_per_node=self.cfg.nproc,
             env=env,
-            master_port=free_port(),
+            # --master-addr/--master-port (or --rdzv-endpoint); a multi-node backend sets its own
+            master_addr=self.cfg.master_addr or LaunchSpec.master_addr,
+            master_port=self.cfg.master_port or free_port(),
             attempt=attempt,
             log_dir=log_dir,
             cpu_affinity=self.cfg.cpu_affinity,
+            max_restarts=self.cfg.max_restarts,
+            run_id=self.cfg.rdzv_id or self.session,
+            forward=launch_environ(self.cfg.env, inherit=self.backend.inherits_environment),
         )
 
     def _loop(self, ledger: Ledger, view: Any) -> Outcome:

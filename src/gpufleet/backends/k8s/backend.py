@@ -147,6 +147,9 @@ class K8sJobsBackend(Backend):
     """The supervisor in the cluster: one indexed Job per attempt (see the module doc)."""
 
     name = "k8s-jobs"
+    # A pod's environment is its image's; what gpufleet forwards is written into the worker Job, so
+    # only the --env variables go (backends.environ), never the supervisor pod's own (its secrets).
+    inherits_environment = False
 
     def __init__(
         self,
@@ -192,6 +195,9 @@ class K8sJobsBackend(Backend):
             exclude_nodes=self.lost,
             command=spec.command,
             nproc_per_node=spec.nproc_per_node,
+            forward=spec.forward,
+            max_restarts=spec.max_restarts,
+            run_id=spec.run_id,
         )
         self.batch.create_namespaced_job(self.job.namespace, body)
         name = body["metadata"]["name"]

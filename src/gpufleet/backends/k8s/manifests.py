@@ -277,9 +277,15 @@ def worker_job(
     exclude_nodes: list[str] | None = None,
     command: list[str] | None = None,
     nproc_per_node: int | None = None,
+    forward: dict[str, str] | None = None,
+    max_restarts: int = 0,
+    run_id: str = "",
 ) -> dict[str, Any]:
     """Attempt ``attempt``'s indexed Job: ``nodes`` pods (default ``job.nodes``), one agent each.
 
+    ``forward``: the ``--env`` variables every rank gets (the LaunchSpec's; on Kubernetes only those,
+    never the supervisor pod's own environment); ``max_restarts`` and ``run_id``: torchrun's
+    TORCHELASTIC_MAX_RESTARTS and TORCHELASTIC_RUN_ID.
     ``spec_env``: the attempt's GPUFLEET_* settings (the supervisor's LaunchSpec env); ``token`` the
     hello token the agents present on the event channel; ``exclude_nodes`` more hostnames to avoid;
     ``command`` / ``nproc_per_node``: the attempt's, when they differ from the job's.
@@ -296,6 +302,9 @@ def worker_job(
         "master_addr": master_addr(job, attempt),
         "master_port": job.master_port,
         "attempt": attempt,
+        "max_restarts": max_restarts,
+        "run_id": run_id,
+        "forward": dict(forward or {}),
     }
     vol, mount = _run_volume(job)
     requests: dict[str, str] = {"cpu": job.cpus_per_node, "memory": job.memory_per_node}

@@ -177,10 +177,14 @@ class NodeAgent:
         spec = json.loads(spec_json)
         log_dir = Path(spec["log_dir"] or os.path.join(self.run_dir, "logs")) / f"attempt-{self.attempt}"
         log_dir.mkdir(parents=True, exist_ok=True)
+        # The launch's environment (spec.forward) goes into the agent's own, not into its spec: the
+        # ranks inherit it from there, over this node's own variables.
+        forward = spec.pop("forward", None) or {}
         env = {
             **os.environ,
+            **forward,
             **spec["env"],
-            Env.AGENT_SPEC: spec_json,
+            Env.AGENT_SPEC: json.dumps(spec),
             Env.AGENT_GRACE: Env.AGENT_GRACE.format(grace_s),
             Env.NODE: self.node,
         }

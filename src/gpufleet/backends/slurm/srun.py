@@ -32,6 +32,7 @@ from typing import Any
 
 from gpufleet.backends.agent import exit_report
 from gpufleet.backends.base import CONTINUE, Attempt, Backend, Blame, LaunchSpec, Verdict, Worker
+from gpufleet.backends.environ import host_specific
 from gpufleet.backends.process import ProcessAttempt
 from gpufleet.core import events as E
 from gpufleet.core.env import Env, Platform
@@ -143,10 +144,15 @@ class SrunBackend(Backend):
         log_dir = Path(spec.log_dir) / f"attempt-{spec.attempt}"
         log_dir.mkdir(parents=True, exist_ok=True)
         started: list[tuple[Worker, subprocess.Popen[bytes], int]] = []
+        # srun hands its own environment to the step (--export=ALL), so the launch's (spec.forward)
+        # travels that way rather than in the spec. This host's host-specific variables stay behind,
+        # but for SLURM_*: srun needs the allocation's to join it, and sets the new step's own on each node.
+        own = {k: v for k, v in dict(os.environ).items() if k.startswith("SLURM_") or not host_specific(k)}
         for i, node in enumerate(self.active):
-            sub = replace(spec, node_rank=i)
+            sub = replace(spec, node_rank=i, forward={})
             env = {
-                **os.environ,
+                **own,
+                **spec.forward,
                 **spec.env,
                 Env.AGENT_SPEC: json.dumps(asdict(sub)),
                 Env.AGENT_GRACE: Env.AGENT_GRACE.format(self.agent_grace_s),
