@@ -8,6 +8,7 @@ restart. Every decision is a ledger event; ``gpufleet report`` derives MTBF/MTTR
 from __future__ import annotations
 
 import functools
+import os
 import signal
 import time
 import uuid
@@ -17,6 +18,7 @@ from typing import Any
 
 from gpufleet.backends import Attempt, Blame, LaunchSpec, get_backend
 from gpufleet.core import events as E
+from gpufleet.core.env import Platform
 from gpufleet.core.exitcodes import ExitCode
 from gpufleet.core.ledger import Ledger
 from gpufleet.core.ports import free_port
@@ -119,6 +121,12 @@ class Supervisor:
             Env.FAULTS: faults_to_env(self.faults),
             Env.ROLLBACK: self.rollback.pending().to_env(),
         }
+        if self.cfg.auto_telemetry:  # the ranks' sitecustomize hooks optimizer.step (train/autostep.py)
+            from gpufleet.train.autostep import AUTOSTART_DIR
+
+            path = env.get(Platform.PYTHONPATH) or Platform.PYTHONPATH.get()
+            env[Platform.PYTHONPATH] = os.pathsep.join([AUTOSTART_DIR, *([path] if path else [])])
+            env[Env.AUTO_TELEMETRY] = Env.AUTO_TELEMETRY.format(True)
         # With the live view on, worker output would tear it apart: send it to per-rank log files.
         log_dir = str(self.run_dir / "logs") if self.cfg.progress else None
         return LaunchSpec(
