@@ -128,6 +128,8 @@ BENCHES = (
     Bench("P10", "checkpointing GPU state vs DCP's savers (needs a GPU)", "bench_gpu_ckpt.py",
           ("--sizes", "1,4", "--repeats", "3"), ("--sizes", "0.5", "--repeats", "1"),
           ("p10_gpu_ckpt.json",), _needs_gpu, quick_needs=_gpu_or_dry_run),
+    Bench("TELEMETRY", "zero-code step hook: cost per optimizer step, on vs off", "bench_autostep.py",
+          ("--repeats", "7", "--steps", "2000"), ("--repeats", "1", "--steps", "200"), ("autostep.json",)),
     Bench("HEALTH", "health: quick tier wall time, slow-lane detection", "bench_health.py",
           (), ("--repeats", "1", "--runs", "2", "--samples", "20"),
           ("health_quick.json", "health_detection.json")),

@@ -9,6 +9,9 @@ The public API for training scripts is small and cheap to import::
         ...
         run.log(loss=loss)
 
+A script that does not call ``init()`` is still watched under ``gpufleet run``: each optimizer step
+is reported on its own (docs/telemetry.md); ``gpufleet.step()`` reports a step without an optimizer.
+
 torch is imported only when ``init()`` is called: ``import gpufleet`` loads the standard library
 and ``gpufleet.core.errors``, nothing else. ``Run`` and the training helpers are resolved on first
 use (module ``__getattr__``); ``__all__`` lists the whole public API.
@@ -39,6 +42,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "init",
+    "step",
     "Run",
     "EarlyStopping",
     "RNGState",
@@ -67,6 +71,19 @@ def init(**kwargs: Any) -> Run:
     from gpufleet.train.run import init as _init
 
     return _init(**kwargs)
+
+
+def step(step: int | None = None) -> None:
+    """Say that a training step has finished, in a script that does not call :func:`init`.
+
+    Under ``gpufleet run`` each call is a step heartbeat (and, on rank 0, a ``step`` event), so a
+    script that trains without a torch optimizer is watched for hangs and counted in the report.
+    ``step``: the finished step's 0-based index (default: the one after the last). A no-op outside
+    ``gpufleet run`` and in a script that called :func:`init` (its :class:`Run` reports the steps).
+    """
+    from gpufleet.train.autostep import mark_step
+
+    mark_step(step)
 
 
 def __getattr__(name: str) -> Any:

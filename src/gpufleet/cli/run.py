@@ -130,6 +130,7 @@ class RunRequest:
             memory_tier=p["memory_tier"],
             dist_backend=p["dist_backend"],
             standby=p["standby"],
+            auto_telemetry=p["auto_telemetry"],
             progress=tty if p["progress"] is None else p["progress"],
             backend_options=options,
             cpu_affinity=p["cpu_affinity"],
@@ -367,6 +368,13 @@ def run_command(
         float, typer.Option(help="Seconds a worker may take to start and restore.")
     ] = 300.0,
     standby: Annotated[bool, typer.Option(help="Pre-spawn standby interpreters to cut restart time.")] = True,
+    auto_telemetry: Annotated[
+        bool,
+        typer.Option(
+            help="Report each optimizer step of a script that does not call gpufleet.init() "
+            "(heartbeats, steps, torch.save checkpoints; docs/telemetry.md)."
+        ),
+    ] = True,
     cpu_affinity: Annotated[
         str,
         typer.Option(

@@ -148,6 +148,9 @@ class Env:
     )
     STANDBY_EAGER = Var("GPUFLEET_STANDBY_EAGER", flag, False, "a standby interpreter imports torch at once")
     IN_PROCESS = Var("GPUFLEET_IN_PROCESS", flag, False, "this rank may rejoin a new round in place")
+    AUTO_TELEMETRY = Var(
+        "GPUFLEET_AUTO_TELEMETRY", flag, False, "report optimizer steps of a script without gpufleet.init()"
+    )
     SPARE: Var[int | None] = Var(
         "GPUFLEET_SPARE", int, None, "a hot spare's rank: it builds and waits in run.restore"
     )
@@ -235,4 +238,7 @@ class Platform:
     AWS_ENDPOINT_URL = Var("AWS_ENDPOINT_URL", str, "", "every AWS service's endpoint (AWS SDK convention)")
     CUDA_VISIBLE_DEVICES: Var[str | None] = Var(
         "CUDA_VISIBLE_DEVICES", str, None, "the GPUs this process may use (unset: every GPU; empty: none)"
+    )
+    PYTHONPATH = Var(
+        "PYTHONPATH", str, "", "module search path (gpufleet run prepends its telemetry start-up)"
     )

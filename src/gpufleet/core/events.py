@@ -103,6 +103,7 @@ class HeartbeatPhase(enum.StrEnum):
 
     SYNC = "sync"  # waiting on peers in the per-step all-reduce
     FINISH = "finish"  # the final checkpoint
+    EXIT = "exit"  # the script has returned; the interpreter is exiting (a script without gpufleet.init())
 
 
 class TimingSection(enum.StrEnum):

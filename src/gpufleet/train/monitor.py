@@ -19,6 +19,10 @@ __all__ = ["AttemptMonitor"]
 
 # Events every rank sends that the ledger keeps; all others are kept from rank 0 only.
 _ALL_RANKS = (E.WorkerReady, E.Inject, E.Rejoin)
+# A rank whose script has returned (an ``exit`` heartbeat) is only exiting: the teardown of torch and
+# its communicators takes seconds on a loaded host. It is hung only when that takes longer than this
+# (or than the init timeout); a crash on the way out still shows in its exit status.
+EXIT_TIMEOUT_S = 120.0
 
 
 @dataclass
@@ -45,6 +49,7 @@ class AttemptMonitor:
     config_error: str | None = None  # a worker's gpufleet.init() rejected its settings: the message
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=200))
     started: float = field(default_factory=time.monotonic)
+    first_heard: float | None = None  # monotonic time the first rank of this attempt was heard from
     stragglers: StragglerConfig | None = field(default_factory=StragglerConfig)  # None: do not look
     straggler: E.Straggler | None = None  # the first straggler flagged in this attempt
     _unknown: set[str] = field(default_factory=set)  # kinds of worker events that could not be typed
@@ -67,6 +72,8 @@ class AttemptMonitor:
             return
         event = E.parse_event(rec)
         now = time.monotonic()
+        if self.first_heard is None and isinstance(event, E.Heartbeat | E.WorkerReady):
+            self.first_heard = now
         if isinstance(event, E.Heartbeat):
             self.last_hb[rank] = now
             self.last_hb_wall[rank] = event.t
@@ -139,6 +146,8 @@ class AttemptMonitor:
 
     def hang_timeout(self, rank: int) -> float:
         """Auto-calibrated: ``multiplier`` x the slow tail of observed step times, never below the floor."""
+        if self.phase.get(rank) == "exit":
+            return max(self.init_timeout_s, self.hang_floor_s, EXIT_TIMEOUT_S)
         if self.phase.get(rank, "init") not in ("step", "sync") or len(self.step_times) < 3:
             return max(self.init_timeout_s, self.hang_floor_s)
         if self._tail is None:  # checked on every supervisor wake-up: computed once per step event
@@ -155,19 +164,27 @@ class AttemptMonitor:
         Peers of a hung rank block in the next collective, so they fall silent too. The culprit is the
         rank furthest behind: lowest heartbeat step, then not waiting in a collective ("sync"), then
         silent longest. ``codes``: the attempt's :meth:`~gpufleet.backends.base.Attempt.poll`.
+
+        Until one rank of the attempt has been heard from (``worker_ready`` or a step heartbeat), none
+        is hung: a script that reports no steps (no ``gpufleet.init()``, no optimizer step yet) is
+        watched by its exit status only. Once one has, a rank never heard from has the init timeout
+        from that moment on: the script reports, so its silent ranks should too.
         """
+        if self.first_heard is None:
+            return None
         now = time.monotonic()
+        since = max(self.started, self.first_heard)
         live = [r for w in self.run.workers if codes.get(w.rank) is None for r in w.ranks]
-        if not any(now - self.last_hb.get(r, self.started) > self.hang_timeout(r) for r in live):
+        if not any(now - self.last_hb.get(r, since) > self.hang_timeout(r) for r in live):
             return None
 
         def behind(r: int) -> tuple[int, int, float]:
             return (
                 self.hb_step.get(r, -1),
                 int(self.phase.get(r) == "sync"),
-                self.last_hb.get(r, self.started),
+                self.last_hb.get(r, since),
             )
 
         culprit = min(live, key=behind)
-        last = self.last_hb.get(culprit, self.started)
+        last = self.last_hb.get(culprit, since)
         return culprit, self.last_hb_wall.get(culprit, time.time() - (now - last))

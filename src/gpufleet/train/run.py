@@ -32,6 +32,7 @@ from gpufleet.core.exitcodes import ExitCode
 from gpufleet.core.launch import LaunchEnv
 from gpufleet.core.ledger import EventSink, Ledger, NullSink, PipeSink
 from gpufleet.core.settings import Env, RunSettings, read_env
+from gpufleet.train import autostep
 from gpufleet.train.checkpointing import Checkpointer
 from gpufleet.train.faults import FaultInjector, faults_from_env
 from gpufleet.train.held import Held
@@ -154,6 +155,7 @@ class Run:
         self._step_t0 = time.monotonic()
         self._fwd_s: float | None = None
         signal.signal(signal.SIGUSR1, self._on_stop_signal)
+        autostep.yield_to_api()  # this Run reports the steps; the zero-code hook must not count them too
         global _CURRENT
         _CURRENT = self  # the in-process restart harness abandons it if a peer dies (inprocess.py)
         spawn_t = read_env(Env.SPAWN_T, float, t_init)

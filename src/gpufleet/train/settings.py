@@ -56,6 +56,7 @@ FLAGS: dict[str, str] = {
     "master_port": "--master-port",
     "rdzv_id": "--rdzv-id",
     "env": "--env",
+    "auto_telemetry": "--auto-telemetry",
     **SETTING_FLAG,
 }
 _WORKER_FIELDS = (
@@ -97,6 +98,7 @@ class SupervisorConfig(BaseModel):
     memory_tier: str | None = None  # in-memory checkpoint tier budget ("2GiB"; "0": off)
     dist_backend: str | None = None  # auto, nccl, gloo (checked by the workers' RunSettings)
     standby: bool = True
+    auto_telemetry: bool = True  # ranks report optimizer steps without gpufleet.init() (train/autostep.py)
     progress: bool = False
     poll_s: float = Field(0.02, gt=0)
     backend_options: dict[str, Any] = Field(default_factory=dict)  # e.g. srun: nodes, min_nodes

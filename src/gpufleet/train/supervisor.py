@@ -8,6 +8,7 @@ restart. Every decision is a ledger event; ``gpufleet report`` derives MTBF/MTTR
 from __future__ import annotations
 
 import functools
+import os
 import signal
 import time
 import uuid
@@ -17,6 +18,7 @@ from typing import Any
 
 from gpufleet.backends import Attempt, Blame, LaunchSpec, get_backend
 from gpufleet.core import events as E
+from gpufleet.core.env import Platform
 from gpufleet.core.errors import UsageError
 from gpufleet.core.exitcodes import ExitCode
 from gpufleet.core.ledger import Ledger
@@ -128,10 +130,17 @@ class Supervisor:
             Env.FAULTS: faults_to_env(self.faults),
             Env.ROLLBACK: self.rollback.pending().to_env(),
         }
-        # With the live view on, worker output would tear it apart: send it to per-rank log files.
-        log_dir = str(self.run_dir / "logs") if self.cfg.progress else None
         from gpufleet.backends.environ import launch_environ
 
+        forward = launch_environ(self.cfg.env, inherit=self.backend.inherits_environment)
+        if self.cfg.auto_telemetry:  # the ranks' sitecustomize hooks optimizer.step (train/autostep.py)
+            from gpufleet.train.autostep import AUTOSTART_DIR
+
+            path = forward.get(Platform.PYTHONPATH) or Platform.PYTHONPATH.get()  # --env's, else the shell's
+            env[Platform.PYTHONPATH] = os.pathsep.join([AUTOSTART_DIR, *([path] if path else [])])
+            env[Env.AUTO_TELEMETRY] = Env.AUTO_TELEMETRY.format(True)
+        # With the live view on, worker output would tear it apart: send it to per-rank log files.
+        log_dir = str(self.run_dir / "logs") if self.cfg.progress else None
         return LaunchSpec(
             command=self.cfg.command,
             nproc_per_node=self.cfg.nproc,
@@ -144,7 +153,7 @@ class Supervisor:
             cpu_affinity=self.cfg.cpu_affinity,
             max_restarts=self.cfg.max_restarts,
             run_id=self.cfg.rdzv_id or self.session,
-            forward=launch_environ(self.cfg.env, inherit=self.backend.inherits_environment),
+            forward=forward,
         )
 
     def _loop(self, ledger: Ledger, view: Any) -> Outcome:

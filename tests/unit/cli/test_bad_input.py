@@ -57,6 +57,7 @@ CASES: list[tuple[tuple[str, ...], int, str]] = [
     ((*RUN, "--dist-backend", "carrier-pigeon", *CMD), 2, "carrier-pigeon"),
     ((*RUN, "--cpu-affinity", "sometimes", *CMD), 2, "affinity"),
     ((*RUN, "--straggler-action", "shout", *CMD), 2, "straggler"),
+    ((*RUN, "--auto-telemetry=sometimes", *CMD), 2, "auto-telemetry"),
     ((*RUN, "--upload", "ftp://x/y", *CMD), 2, "upload"),
     ((*RUN, "--metrics", "notaport", *CMD), 2, "metrics"),
     ((*RUN, "--metrics", "70000", *CMD), 2, "port"),
