@@ -276,3 +276,31 @@ def test_fleet_rule_and_recording(tmp_path):
     assert got[("host.resources", "cpus")] == [cpus.value]
     assert fleet_peers(evs, node="me", profile="CPU", now=time.time()) == {}
     assert fleet_peers(evs, node="other", profile="CPU", now=time.time() + 10**6) == {}
+
+
+HUNG_CHECK_PROGRAM = """
+import threading
+from gpufleet.health.checks import register
+from gpufleet.health.plans import parse_plan
+from gpufleet.health.profiles import get_profile
+from gpufleet.health.runner import exit_past_hung_checks, run_plan
+
+@register("test.stuck", component="host", timeout_s=5)
+def _stuck(ctx):
+    threading.Event().wait()  # never returns: the thread outlives the plan
+
+plan = parse_plan({"name": "t", "budget_s": 5, "checks": [{"name": "test.stuck", "timeout_s": 0.2}]}, "test")
+report = run_plan(plan, get_profile("CPU"))
+print(report.results[0].status, flush=False)
+exit_past_hung_checks(report.exit_code())
+print("not reached")
+"""
+
+
+def test_a_hung_check_thread_does_not_hold_the_exit_and_the_code_and_output_survive():
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", HUNG_CHECK_PROGRAM], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 3, p.stderr[-2000:]
+    assert p.stdout.split() == ["INCOMPLETE"], p.stdout

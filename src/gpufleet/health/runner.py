@@ -10,6 +10,7 @@ results of the same check from other nodes of the same profile in the fleet ledg
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -42,6 +43,20 @@ FLEET_RULE_CHECKS = frozenset(
 )
 
 
+# Threads of checks that timed out: nothing can stop them, and they may still be inside native code.
+_ABANDONED: list[threading.Thread] = []
+
+
+def exit_past_hung_checks(code: int) -> None:
+    """Exit with ``code`` at once when a timed-out check's thread still runs: interpreter shutdown
+    under a thread inside native code (a torch matmul, a driver call) aborts the process
+    (``std::terminate``), which would lose the exit code. Returns when no such thread is left."""
+    if any(t.is_alive() for t in _ABANDONED):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def _run_one(spec: CheckSpec, ctx: Context, timeout: float) -> list[CheckResult]:
     box: dict[str, Any] = {}
 
@@ -57,6 +72,7 @@ def _run_one(spec: CheckSpec, ctx: Context, timeout: float) -> list[CheckResult]
     th.join(timeout)
     dur = time.monotonic() - t0
     if th.is_alive():
+        _ABANDONED.append(th)
         out = [
             CheckResult(
                 spec.name,

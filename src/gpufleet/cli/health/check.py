@@ -149,6 +149,9 @@ def check(
         typer.echo(json.dumps(report.to_dict(), indent=2, default=str))
     else:
         render_report(report)
+    from gpufleet.health.runner import exit_past_hung_checks
+
+    exit_past_hung_checks(report.exit_code())
     raise typer.Exit(report.exit_code())
 
 
