@@ -11,7 +11,8 @@ from gpufleet.core import events as E
 from gpufleet.core.ledger import read_events
 from gpufleet.demo.runner import DemoConfig, fault_plan, run_demo
 
-pytestmark = pytest.mark.slow
+# the demo's reference run and its faulted run, can pass 300 s on a loaded host
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def test_fault_plan_spreads_four_kinds_between_checkpoints() -> None:

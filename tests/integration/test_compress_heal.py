@@ -19,7 +19,8 @@ import pytest
 from gpufleet.core.ledger import read_events
 from unit.compress.tinyllama import make_tiny, make_tokenizer, tiny_texts
 
-pytestmark = pytest.mark.slow
+# two heal runs (the reference and the killed one), can pass 300 s on a loaded host
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 pytest.importorskip("transformers")
 
 GPUFLEET = [sys.executable, "-m", "gpufleet.cli.main"]
