@@ -223,7 +223,7 @@ def test_health_sweep_cli_quarantines_the_failing_node_and_release_returns_it(tm
 TRAINER = str(Path(__file__).parent / "scripts" / "ray_trainer.py")
 
 
-@pytest.mark.solo  # three Ray Train worker groups on the three-node cluster: every core, for minutes
+@pytest.mark.timeout(600)  # three Ray Train worker groups, one after another, on a loaded host
 def test_torchtrainer_loop_resumes_from_gpufleets_verified_checkpoint_after_a_crash_and_a_spike(tmp_path):
     """gpufleet.ray in a Ray Train TorchTrainer (2 workers, FailureConfig(max_failures=2)), one fit:
     rank 1 dies at step 6, then gpufleet's NaN drill fires at step 10 and the spike guard raises

@@ -53,8 +53,7 @@ def test_bench_llama_summary_is_sane(llama_server: Any, tmp_path: Path, api: str
     assert bool(lag_reasons) == (client["send_lag_ms"]["p99"] > client["max_lag_ms"])
     assert all("send lag" in r or "send rate" in r for r in client["invalid_reasons"]), client
     lat = s["latency_ms"]
-    assert 0 < lat["ttft"]["p50"] < 2000 and 0 < lat["tpot"]["p50"] < 200
-    assert lat["e2e"]["p50"] > lat["ttft"]["p50"]
+    assert 0 < lat["ttft"]["p50"] < lat["e2e"]["p50"] and lat["tpot"]["p50"] > 0
     # No usage in llama.cpp's stream: the count is labelled as coming from somewhere else, and
     # min_tokens makes every answer exactly max_tokens long ("length" finish).
     assert s["tokens"]["source"] != "usage"
