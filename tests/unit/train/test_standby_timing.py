@@ -70,3 +70,29 @@ def test_first_standbys_wait_for_a_commit_and_replacements_idle_once_healthy(tmp
     ]
     evs = [e["ev"] for e in read_events(run_dir)]
     assert evs.count("attempt_start") == 2
+
+
+def test_a_run_that_ends_before_its_first_commit_starts_no_standby(tmp_path: Path) -> None:
+    # Only run.finish()'s final checkpoint commits: the run is ending, so no standby is worth its imports.
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch, gpufleet\n"
+        "run = gpufleet.init(checkpoint_every='1000')\n"
+        "run.restore({'w': torch.zeros(2)})\n"
+        "for step in run.steps(3):\n"
+        "    run.log(loss=1.0)\n"
+        "run.finish()\n"
+    )
+    run_dir = tmp_path / "run"
+    sup = Supervisor(SupervisorConfig(command=[sys.executable, str(script)], run_dir=str(run_dir), nproc=1))
+    calls: list[bool] = []
+    prepare = sup.backend.prepare
+
+    def recording_prepare(spec, *, eager=False):  # type: ignore[no-untyped-def]
+        calls.append(eager)
+        prepare(spec, eager=eager)
+
+    sup.backend.prepare = recording_prepare  # type: ignore[method-assign]
+    assert sup.run().exit_code == 0
+    assert [e["step"] for e in read_events(run_dir) if e["ev"] == "ckpt_committed"] == [3]  # the final one
+    assert calls == []
