@@ -112,6 +112,8 @@ BENCHES = (
           ("--repeats", "3", "--steps", "100"),
           ("--repeats", "1", "--steps", "30", "--warmup", "10", "--micro", "100"),
           ("p9_threads.json",)),
+    Bench("SHORT", "short job: gpufleet run -n 2 vs torchrun, wall and CPU of 60 steps", "bench_short_job.py",
+          ("--repeats", "5", "--steps", "60"), ("--repeats", "1", "--steps", "20"), ("short_job.json",)),
     Bench("P6", "serving client rate vs GuideLLM on the null endpoint", "bench_p6_guidellm.py",
           (), ("--duration", "1"), ("p6_guidellm.json",), _needs_guidellm),
     Bench("P6-client", "serving client rate alone (loop and process variants)", "bench_client_rate.py",

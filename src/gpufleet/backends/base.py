@@ -202,9 +202,10 @@ class Backend(ABC):
     def prepare(self, spec: LaunchSpec, *, eager: bool = False) -> None:
         """Warm up for the next attempt before a failure happens (e.g. pre-spawn standby interpreters).
 
-        Called right after the first attempt starts with ``eager=True``: the warm-up may then use CPU at
-        normal priority, because it overlaps the workers' own start-up rather than their training steps.
-        Called again (``eager=False``) once a restarted attempt is healthy: then it must stay out of the
+        With ``eager=True`` the warm-up may use CPU at normal priority: the supervisor asks so once the
+        first attempt has committed its first checkpoint (right after it starts, under in-process
+        restart), and just before a restarted attempt starts (what is made then is promoted at once).
+        Called with ``eager=False`` once a restarted attempt is healthy: then it must stay out of the
         running workers' way (idle priority).
         """
         return None

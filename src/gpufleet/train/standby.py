@@ -16,11 +16,13 @@ would leave the promoted rank slow for the rest of the run. A native thread that
 (``import torch`` starts one) inherits ``SCHED_IDLE``; on promotion the standby returns those to
 normal where it may (as root), and otherwise leaves them: they do no work in training.
 
-The first attempt's spares are the exception (``GPUFLEET_STANDBY_EAGER=1``): they start beside the
-workers and import at normal priority, so their cost lands in the start-up, which the workers spend
-importing the same libraries, and not in the training steps. Even at idle priority, two standbys'
-imports slowed a dozen steps of two CPU-bound workers on 2 cores by 40 ms each (cache and memory
-traffic, and the wake-up of a rank that waits in an all-reduce).
+An eager standby (``GPUFLEET_STANDBY_EAGER=1``) imports at normal priority: the first attempt's, made
+once it has committed its first checkpoint, so that they are ready within seconds; one made just
+before an attempt starts, which is promoted at once; and in-process restart's ranks and first hot
+spares, which start beside the first workers. Even at idle priority, two standbys' imports slowed a
+dozen steps of two CPU-bound workers on 2 cores by 40 ms each (cache and memory traffic, and the
+wake-up of a rank that waits in an all-reduce); at normal priority they are 13-14 CPU seconds, which
+is why the first attempt's standbys wait for its first checkpoint: a short job never pays them.
 """
 
 from __future__ import annotations
@@ -67,8 +69,7 @@ def _set_cpus(cpus: list[int]) -> None:
 
 
 def main() -> None:
-    # Eager: started beside the first attempt's workers, so the imports overlap their start-up (which
-    # imports the same libraries) instead of trickling into their training steps at idle priority.
+    # Eager: needed within seconds (see the module's docstring), not trickling in at idle priority.
     idle = os.environ.pop(Env.STANDBY_EAGER, "") != "1"
     warm = threading.Thread(target=_warm, args=(idle,), name="gpufleet-standby-warm", daemon=True)
     warm.start()

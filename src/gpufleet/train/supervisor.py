@@ -174,12 +174,14 @@ class Supervisor:
             else:
                 spec = self._spec(attempt)
                 if attempt:
-                    self.backend.prepare(spec)  # standbys, unless the last attempt's are still there
+                    # Standbys, unless the last attempt's are still there: made now, they are promoted at
+                    # once, so they import at normal priority.
+                    self.backend.prepare(spec, eager=True)
                 run = self.backend.start(spec)  # a multi-node backend sets run.spec.nnodes for this attempt
-                if not attempt:
-                    # The first attempt's spares warm now, at normal priority, while the workers start
-                    # up; warmed later, at idle priority, they slow a dozen of the first training steps
-                    # (docs/benchmarks.md, P9).
+                if not attempt and self.cfg.in_process_restart:
+                    # In-process restart's hot spares build beside the first workers, at normal priority:
+                    # the mode that asks for the fastest recovery pays for it from the start. Plain
+                    # standbys wait for the first checkpoint (_watch).
                     self.backend.prepare(run.spec, eager=True)
             ledger.emit(
                 E.AttemptStart(
@@ -355,11 +357,18 @@ class Supervisor:
             if view is not None:
                 view.update(mon, restarts)
             recovering = restarts > 0 and not mon.step_times
-            if not standby_ready and len(mon.ready) == len(mon.expected_ranks) and not recovering:
-                # Warm the next attempt's interpreters as early as possible, but never while this
-                # attempt is recovering (restore and first step are part of MTTR): their
-                # `import torch` would compete with it for CPU.
-                self.backend.prepare(run.spec)
+            # The first attempt's standbys wait for its first checkpoint: before it, a restart repeats
+            # the run from its first step, and a short job that ends first never pays their imports
+            # (two `import torch` on a 2-core host: about 2x a 60-step job's wall time).
+            # Nor for the final checkpoint (``run.finish``): the run is ending.
+            ending = any(p in (E.HeartbeatPhase.FINISH, E.HeartbeatPhase.EXIT) for p in mon.phase.values())
+            due = restarts > 0 or (mon.committed_step >= 0 and not ending)
+            if not standby_ready and due and len(mon.ready) == len(mon.expected_ranks) and not recovering:
+                # Warm the next attempt's interpreters, but never while this attempt is recovering
+                # (restore and first step are part of MTTR): their `import torch` would compete with it
+                # for CPU. The first attempt's at normal priority, so that they are ready within
+                # seconds of the first commit; a restarted attempt's replacements at idle priority.
+                self.backend.prepare(run.spec, eager=not restarts)
                 standby_ready = True
             codes = run.poll()
             for w in run.workers:
