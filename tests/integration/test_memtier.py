@@ -91,7 +91,17 @@ def test_corrupt_memory_copy_is_rejected_and_disk_restores_the_same_step(standal
 @pytest.mark.parametrize("value", ["lots", "-1GiB", "2 parsecs"])
 def test_bad_memory_tier_is_one_line_exit_2(tmp_path: Path, value: str) -> None:
     p = subprocess.run(
-        [*GPUFLEET, "run", "--run-dir", str(tmp_path / "r"), "--memory-tier", value, "--", "python", "x.py"],
+        [
+            *GPUFLEET,
+            "run",
+            "--run-dir",
+            str(tmp_path / "r"),
+            "--memory-tier",
+            value,
+            "--",
+            sys.executable,
+            SCRIPT,
+        ],
         capture_output=True,
         text=True,
         timeout=60,

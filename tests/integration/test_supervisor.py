@@ -187,13 +187,13 @@ def test_sigterm_takes_a_final_checkpoint_and_exits_cleanly(tmp_path):
     "flags, needle",
     [
         ([], "no training command"),
-        (["--inject", "explode:step=3", "--", "python", "x.py"], "unknown fault kind"),
-        (["--inject", "kill:rank=1", "--", "python", "x.py"], "needs step"),
-        (["--checkpoint-every", "often", "--", "python", "x.py"], "invalid checkpoint interval"),
-        (["-n", "0", "--", "python", "x.py"], "nproc"),
-        (["--backend", "moon", "--", "python", "x.py"], "valid backends: local"),
-        (["--straggler-action", "bogus", "--", "python", "x.py"], "'record' or 'restart'"),
-        (["--bogus-flag", "--", "python", "x.py"], "bogus"),
+        (["--inject", "explode:step=3", "--", sys.executable, SCRIPT], "unknown fault kind"),
+        (["--inject", "kill:rank=1", "--", sys.executable, SCRIPT], "needs step"),
+        (["--checkpoint-every", "often", "--", sys.executable, SCRIPT], "invalid checkpoint interval"),
+        (["-n", "0", "--", sys.executable, SCRIPT], "nproc"),
+        (["--backend", "moon", "--", sys.executable, SCRIPT], "valid backends: local"),
+        (["--straggler-action", "bogus", "--", sys.executable, SCRIPT], "'record' or 'restart'"),
+        (["--bogus-flag", "--", sys.executable, SCRIPT], "bogus"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(tmp_path, flags, needle):
