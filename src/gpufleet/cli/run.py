@@ -169,10 +169,7 @@ class TorchrunLaunch:
 
 
 def _count(text: str, what: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise ConfigError(f"--nnodes {what!r}: expected N or MIN:MAX (positive integers)") from None
+    n = int(text) if text.isdigit() else 0  # digits only: no sign, no spaces
     if n < 1:
         raise ConfigError(f"--nnodes {what!r}: expected N or MIN:MAX (positive integers)")
     return n
