@@ -111,12 +111,14 @@ def _llama_env_file() -> dict[str, str]:
 
 
 def _worker_group(item: pytest.Item) -> str:
-    """The group a test runs in under pytest-xdist; one group runs on one worker, in order. Tests of
-    the one Slurm or Ray cluster share a group, as do the users of a session's shared reference runs;
-    any other test runs with its module, whose fixtures are then made once."""
+    """The group a test runs in under pytest-xdist; one group runs on one worker, in order. The tests
+    of one cluster share a group (the Slurm and the Ray cluster are two groups, which may run at the same
+    time), as do the users of a session's shared reference runs; any other test runs with its module,
+    whose fixtures are then made once."""
     names = set(getattr(item, "fixturenames", ()))
-    if item.get_closest_marker("cluster"):
-        return "cluster"
+    cluster = item.get_closest_marker("cluster")
+    if cluster is not None:
+        return f"cluster-{cluster.args[0]}"
     if "toy_reference" in names:
         return "toy-reference"
     return item.nodeid.split("::", 1)[0]

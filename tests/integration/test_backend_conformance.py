@@ -129,8 +129,8 @@ def k8s_jobs_backend(request: pytest.FixtureRequest) -> tuple[Backend, int]:
 BACKENDS = [
     pytest.param(lambda request: (LocalBackend(standby=False), 2), id="local"),
     pytest.param(lambda request: (LocalBackend(standby=True), 2), id="local-standby"),
-    pytest.param(srun_backend, id="srun", marks=[pytest.mark.cluster, requires_slurm]),
-    pytest.param(ray_backend, id="ray", marks=[pytest.mark.cluster, requires_ray]),
+    pytest.param(srun_backend, id="srun", marks=[pytest.mark.cluster("slurm"), requires_slurm]),
+    pytest.param(ray_backend, id="ray", marks=[pytest.mark.cluster("ray"), requires_ray]),
     pytest.param(k8s_jobs_backend, id="k8s-jobs"),
 ]
 

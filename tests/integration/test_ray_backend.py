@@ -28,7 +28,7 @@ from ray_helpers import ray_address, requires_ray
 from gpufleet.core.ledger import read_events
 from gpufleet.health.fakes import FAKE_NVML_MODULE, data_path
 
-pytestmark = [pytest.mark.slow, pytest.mark.cluster, requires_ray]
+pytestmark = [pytest.mark.slow, pytest.mark.cluster("ray"), requires_ray]
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = str(Path(__file__).parent / "scripts" / "toy_train.py")

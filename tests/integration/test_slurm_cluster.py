@@ -31,7 +31,7 @@ from slurm_helpers import (
 from gpufleet.backends.slurm import actions as S
 from gpufleet.core.ledger import read_events
 
-pytestmark = [pytest.mark.slow, pytest.mark.cluster, requires_slurm]
+pytestmark = [pytest.mark.slow, pytest.mark.cluster("slurm"), requires_slurm]
 
 
 @pytest.fixture(autouse=True)

@@ -28,7 +28,7 @@ from slurm_helpers import SCRIPT, final, requires_slurm, restore_cluster, states
 from gpufleet.core.ledger import read_events
 from gpufleet.health.nodes import exclude_list, node_states, node_table
 
-pytestmark = [pytest.mark.slow, pytest.mark.cluster, requires_slurm]
+pytestmark = [pytest.mark.slow, pytest.mark.cluster("slurm"), requires_slurm]
 
 JOB = "gpufleet-test-fastpath"
 GPUFLEET = [sys.executable, "-m", "gpufleet.cli.main"]

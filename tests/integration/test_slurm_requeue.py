@@ -34,7 +34,7 @@ from slurm_helpers import (
 
 from gpufleet.core.ledger import read_events
 
-pytestmark = [pytest.mark.slow, pytest.mark.cluster, requires_slurm]
+pytestmark = [pytest.mark.slow, pytest.mark.cluster("slurm"), requires_slurm]
 
 NAME = "gpufleet-test-requeue"  # own job name: scancel --name in the teardown touches only ours
 STEPS = REFERENCE_STEPS
