@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import heapq
+from collections import deque
+
 import numpy as np
 import pytest
 
@@ -103,3 +106,116 @@ def test_many_events_are_fast() -> None:
     t0 = time.perf_counter()
     simulate_aggregated(req, TP, 2, 128)
     assert time.perf_counter() - t0 < 5.0
+
+
+# ----------------------------------------------------------------------------- segments vs one step per pass
+
+
+def _ref_retire(
+    running: list[tuple[int, int]], step: int, t: float, finish: list[float], inp: list[int], out: list[int]
+) -> tuple[int, int, int]:
+    """Finish the requests whose last decode step is ``step`` (at time ``t``); returns how many, and
+    the context and KV-cache tokens they release."""
+    gone = ctx = kv = 0
+    while running and running[0][0] <= step:
+        _, k = heapq.heappop(running)
+        finish[k] = t
+        gone += 1
+        ctx += inp[k] + out[k] - 1
+        kv += inp[k] + out[k]
+    return gone, ctx, kv
+
+
+def _reference_batch_instance(
+    arr: list[float], inp: list[int], out: list[int], tp: TpProfile, max_batch: int, prefill: bool
+) -> tuple[list[float], list[float]]:
+    """The simulator's batch instance one decode step per pass: the reference for its segments."""
+    n = len(arr)
+    first = list(arr) if not prefill else [0.0] * n
+    finish = [0.0] * n
+    cap = tp.kv_capacity_tokens or float("inf")
+    budget = tp.prefill_max_tokens
+    pa, pb, pc = tp.prefill.a, tp.prefill.b, tp.prefill.c
+    da, db, dc = tp.decode.a, tp.decode.b, tp.decode.c
+    waiting: deque[int] = deque()
+    running: list[tuple[int, int]] = []  # (finish step, index)
+    step = 0
+    batch = 0
+    sum_ctx = 0.0
+    reserved = 0.0
+    t = 0.0
+    nxt = 0
+    done = 0
+    while done < n:
+        while nxt < n and arr[nxt] <= t:
+            waiting.append(nxt)
+            nxt += 1
+        if not waiting and batch == 0:
+            t = arr[nxt]
+            continue
+        admitted: list[int] = []
+        sl = sl2 = 0.0
+        while waiting and batch + len(admitted) < max_batch:
+            k = waiting[0]
+            need = inp[k] + out[k]
+            if reserved + need > cap and (batch or admitted):
+                break
+            if prefill and admitted and sl + inp[k] > budget:
+                break
+            waiting.popleft()
+            admitted.append(k)
+            reserved += need
+            sl += inp[k]
+            sl2 += inp[k] * inp[k]
+        if prefill and admitted:
+            t += (pa + pb * sl + pc * sl2) / 1000.0
+            for k in admitted:
+                first[k] = t
+        for k in admitted:
+            if out[k] <= 1:
+                finish[k] = first[k]
+                reserved -= inp[k] + out[k]
+                done += 1
+                continue
+            heapq.heappush(running, (step + out[k] - 1, k))
+            batch += 1
+            sum_ctx += inp[k]
+        if prefill and admitted or batch == 0:
+            continue
+        t += (da + db * sum_ctx + dc * batch) / 1000.0
+        step += 1
+        sum_ctx += batch
+        gone, ctx, kv = _ref_retire(running, step, t, finish, inp, out)
+        batch -= gone
+        done += gone
+        sum_ctx -= ctx
+        reserved -= kv
+    return first, finish
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_decode_segments_match_one_step_per_pass_to_the_bit(seed: int) -> None:
+    """Fast-forwarding decode steps between events gives the same first-token and finish times, to the
+    bit, as one pass per step: with and without prefill, full batches, a KV cache that blocks the queue,
+    and one-token answers that free room at once."""
+    import dataclasses
+    import random
+
+    from gpufleet.serve.plan import sim
+    from gpufleet.serve.plan.profile import load_profile
+
+    rng = random.Random(seed)
+    tps = list(load_profile("opt-13b-a100").tps.values())
+    for _ in range(25):
+        n = rng.randrange(1, 300)
+        rate = rng.choice([0.5, 2.0, 10.0, 50.0])
+        arr = sorted(rng.random() * n / rate for _ in range(n))
+        inp = [rng.randrange(1, 2000) for _ in range(n)]
+        out = [rng.randrange(1, 600) for _ in range(n)]
+        tp = rng.choice(tps)
+        if rng.random() < 0.5:
+            tp = dataclasses.replace(tp, kv_capacity_tokens=rng.choice([500, 3000, 20000]))
+        mb = rng.choice([1, 4, 32, 256])
+        for prefill in (True, False):
+            got = sim._batch_instance(arr, inp, out, tp, mb, prefill)
+            assert got == _reference_batch_instance(arr, inp, out, tp, mb, prefill)
