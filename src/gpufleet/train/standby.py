@@ -26,14 +26,15 @@ is why the first attempt's standbys wait for its first checkpoint: a short job n
 
 **On a GPU host it also makes its GPU's CUDA context before promotion.** The backend starts each
 standby for one slot (``GPUFLEET_STANDBY_GPU``: the local rank it will become; its
-``CUDA_VISIBLE_DEVICES`` when the slot plan sets one). Once the imports are done, a second thread makes
-that GPU's context, loads cuBLAS with a small matmul and warms the caching allocator: on an H200, making
-the context and moving the model after promotion were 88% of a 3.0 s MTTR. That thread runs at
-normal priority: the CUDA driver's own threads, started with the context, inherit the priority of the
-thread that makes it, and must not be left idle for the rest of the run. It sets the device of that
-thread only: the script's main thread starts on the default device, as in a fresh process, and its
-``torch.cuda.set_device(LOCAL_RANK)`` and ``model.to(device)`` find the context made. Where
-``torch.cuda.is_available()`` is False it does nothing. ``GPUFLEET_STANDBY_CUDA=0`` turns it off.
+``CUDA_VISIBLE_DEVICES`` when the slot plan sets one). Once the imports are done, unless its order has
+come first, the main thread makes that GPU's context, loads cuBLAS with a small matmul and warms the
+caching allocator: on an H200, making the context and moving the model after promotion were 88% of a
+3.0 s MTTR. The main thread, because it keeps normal priority: the CUDA driver's own threads, started
+with the context, inherit the priority of the thread that makes it, and must not stay idle for the
+rest of the run. Its current device is left as it was (torch does not switch back to a device that
+has no context, so none is made on GPU 0): the script starts on the default device, as in a fresh
+process, and its ``torch.cuda.set_device(LOCAL_RANK)`` and ``model.to(device)`` find the context made.
+Where ``torch.cuda.is_available()`` is False it does nothing. ``GPUFLEET_STANDBY_CUDA=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import gc
 import json
 import os
 import runpy
+import select
 import sys
 import threading
 import time
@@ -70,27 +72,34 @@ def _warm(idle: bool) -> None:
         __import__(mod)
 
 
-def cuda_context(warm: threading.Thread | None, local_rank: int) -> str | None:
+def cuda_context(local_rank: int) -> str | None:
     """Make the CUDA context of ``local_rank``'s GPU (``local_rank % device_count``, the device
-    ``gpufleet.init()`` gives that rank) once ``warm``'s imports are done; the device, or None on a
-    host without CUDA. Best effort: a failure is one line on stderr, and the rank makes it itself."""
-    if warm is not None:
-        warm.join()  # `import torch` at idle priority; the context at this thread's normal one
+    ``gpufleet.init()`` gives that rank), leaving the current device as it was; the device, or None on
+    a host without CUDA. Best effort: a failure is one line on stderr, and the rank makes it itself."""
     import torch
 
     if not torch.cuda.is_available():
         return None
     try:
         device = torch.device("cuda", local_rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)  # this thread's current device; the main thread keeps the default
-        x = torch.ones(64, 64, device=device)
-        (x @ x).sum().item()  # the context, cuBLAS and the caching allocator's first block
+        with torch.cuda.device(device):  # back to the previous device on exit, if it has a context
+            x = torch.ones(64, 64, device=device)
+            (x @ x).sum().item()  # the context, cuBLAS and the caching allocator's first block
         return str(device)
     except Exception as e:  # noqa: BLE001 - the promoted rank makes its context itself, as a fresh one does
         print(
             f"gpufleet: standby: no CUDA context made ahead on local rank {local_rank}: {e}", file=sys.stderr
         )
         return None
+
+
+def _idle_until_imported(warm: threading.Thread) -> bool:
+    """Wait for the imports; False when the order came first (a hot spare's at once, or a failure
+    while this standby still imports): the rank then makes its context itself, as a fresh one does."""
+    while warm.is_alive():
+        if select.select([0], [], [], 0.05)[0]:  # an order, or EOF: read it now
+            return False
+    return True
 
 
 def _set_cpus(cpus: list[int]) -> None:
@@ -109,12 +118,8 @@ def main() -> None:
     os.environ.pop(Env.STANDBY_GPU, None)  # the rank this standby becomes must not see it
     warm = threading.Thread(target=_warm, args=(idle,), name="gpufleet-standby-warm", daemon=True)
     warm.start()
-    cuda = None
-    if gpu is not None:
-        cuda = threading.Thread(
-            target=cuda_context, args=(warm, gpu), name="gpufleet-standby-cuda", daemon=True
-        )
-        cuda.start()
+    if gpu is not None and _idle_until_imported(warm):
+        cuda_context(gpu)  # an order that comes meanwhile waits for it: the rank would make it anyway
     line = sys.stdin.readline()
     if not line:  # the supervisor closed us: not needed
         return
@@ -124,11 +129,6 @@ def main() -> None:
         sys.stdin.close()
         os.close(0)
         os.open(os.devnull, os.O_RDONLY)  # fd 0 again, so nothing else lands there
-    if cuda is not None:
-        # Before the order's environment goes in: the driver reads the environment as the context
-        # starts, and a variable set meanwhile (putenv in another thread) is a race in libc.
-        restore_threads()  # where permitted, the imports it waits for finish at normal priority
-        cuda.join()
     _apply(order)
     restore_threads()  # where permitted, an import still running finishes at normal priority
     warm.join()

@@ -77,5 +77,5 @@ def test_a_standby_is_promoted_only_to_its_own_slot_unless_it_warmed_no_gpu() ->
 
 def test_the_cuda_warm_up_is_a_no_op_without_cuda() -> None:
     assert not torch.cuda.is_available()  # this host; tests/gpu and scripts/gpu_checks.sh cover a GPU
-    assert cuda_context(None, 0) is None
+    assert cuda_context(0) is None
     assert not torch.cuda.is_initialized()
