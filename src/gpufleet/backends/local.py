@@ -118,6 +118,17 @@ class LocalBackend(Backend):
         self._warm_gpu: bool | None = None  # GPUFLEET_STANDBY_CUDA, as the ranks get it (read once)
         Env.STANDBY_CUDA.get()  # a bad value in the launching environment stops the run before it starts
 
+    @classmethod
+    def options(cls, flags: Mapping[str, Any]) -> dict[str, Any]:
+        """None of its own; a bad ``GPUFLEET_STANDBY_CUDA`` (the shell's, ``--env``, ``--env-file``)
+        stops ``gpufleet run`` here, before it writes or launches anything."""
+        from gpufleet.backends.environ import parse_env_file, parse_env_items
+
+        env = parse_env_file(flags["env_file"]) if flags.get("env_file") else {}
+        env.update(parse_env_items(flags.get("env") or ()))
+        Env.STANDBY_CUDA.get({**os.environ, **env})
+        return {}
+
     # -- hooks ---------------------------------------------------------------------------------
     def prepare(self, spec: LaunchSpec, *, eager: bool = False) -> None:
         if not self.standby or python_entry(spec.command) is None:

@@ -53,6 +53,11 @@ def test_standby_cuda_0_turns_the_warm_up_off_and_a_bad_value_is_refused(
     assert b.standby_env(spec(2, GPUFLEET_STANDBY_CUDA="0"), 1) == {}  # as --env gives it
     with pytest.raises(ConfigError, match="GPUFLEET_STANDBY_CUDA"):
         LocalBackend(host_store=False)._standby_cuda(spec(2, GPUFLEET_STANDBY_CUDA="maybe"))
+    with pytest.raises(
+        ConfigError, match="GPUFLEET_STANDBY_CUDA"
+    ):  # `gpufleet run`'s check, before it writes
+        LocalBackend.options({"env": ["GPUFLEET_STANDBY_CUDA=maybe"], "env_file": None})
+    assert LocalBackend.options({"env": ["GPUFLEET_STANDBY_CUDA=0"], "env_file": None}) == {}
     monkeypatch.setenv("GPUFLEET_STANDBY_CUDA", "maybe")  # the launching shell's: refused at once
     with pytest.raises(ConfigError, match="GPUFLEET_STANDBY_CUDA"):
         LocalBackend(host_store=False)
