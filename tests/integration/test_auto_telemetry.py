@@ -5,6 +5,9 @@ DistributedSampler, Adam, its own torch.save snapshot every 10 steps, resumed fr
 With init and hang timeouts of 5 s and a run longer than that, a rank that sends no heartbeat would
 be killed as hung; here rank 1 is killed -9 from outside once the ledger shows step 24, and the run
 must recover from the script's own snapshot with the report counting steps, goodput and an MTTR.
+Rank 1 also sleeps 0.03 s before each forward, as a slow data pipeline would: once the restarted
+attempt runs at full speed, the supervisor's straggler detection flags it from the hook's timings
+(the first attempt's 0.25 s per step hides it, and it is killed before three windows of steps).
 """
 
 from __future__ import annotations
@@ -46,7 +49,8 @@ def test_unmodified_script_is_watched_and_recovers_with_steps_goodput_and_mttr(t
     work.mkdir()
     cmd = [*GPUFLEET, "run", "-n", "2", "--run-dir", str(run_dir), "--init-timeout", "5",
            "--hang-timeout", "5", "--no-progress", "--",
-           sys.executable, SCRIPT, "--dir", str(work), "--steps", "80", "--fresh-sleep", "0.25"]  # fmt: skip
+           sys.executable, SCRIPT, "--dir", str(work), "--steps", "100", "--fresh-sleep", "0.25",
+           "--slow-rank", "1", "--slow-delay", "0.03"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         pids = _wait_for_step(run_dir, proc)
@@ -69,18 +73,25 @@ def test_unmodified_script_is_watched_and_recovers_with_steps_goodput_and_mttr(t
     assert steps[0][: KILL_AT + 1] == list(range(KILL_AT + 1))
     # The second attempt numbers its steps from the snapshot it resumed at (Adam's step count).
     resumed = json.loads((work / "done.json").read_text())["resumed_at"]
-    assert resumed >= 20 and steps[1] == list(range(resumed, 80))
+    assert resumed >= 20 and steps[1] == list(range(resumed, 100))
     # The script's torch.save snapshots (rank 0, a path): checkpoint events with their size.
     saves = of("ckpt_committed")
     assert saves and all(e["bytes"] > 0 and e["path"].endswith("snapshot.pt.tmp") for e in saves)
     assert {e["step"] for e in saves if e["attempt"] == 0} >= {9, 19}
 
+    # The slow rank, from its DDP forward timings (every rank ends a DDP step together): flagged once,
+    # in the attempt that ran three full windows of steps, and the run goes on.
+    found = [(e["rank"], e["section"], e["attempt"]) for e in of("straggler")]
+    assert found == [(1, "fwd", 1)], found
+    assert "rank 1 is a straggler: fwd" in err
+
     out = subprocess.run([*GPUFLEET, "report", str(run_dir), "--json"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
-    assert report["steps"]["executed"] > 0 and report["steps"]["last_step"] == 79
+    assert report["steps"]["executed"] > 0 and report["steps"]["last_step"] == 99
     assert report["goodput"] > 0
     assert report["failures"] == {"count": 1, "by_cause": {"crash": 1}, "unrecovered": 0}
     (incident,) = report["incidents"]
     assert incident["recovered"] and incident["mttr_s"] > 0
     assert report["mttr"]["count"] == 1 and report["mttr"]["mean_s"] > 0
+    assert [(g["rank"], g["section"]) for g in report["stragglers"]] == [(1, "fwd")]

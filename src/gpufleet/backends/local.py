@@ -10,6 +10,12 @@ CPUs of all its threads itself when it is promoted.
 With ``min_nproc`` below the ranks asked for, a worker slot (a local rank; its GPU where there are
 GPUs) that fails ``slot_failures`` times in a row is dropped and the run continues on the others, down
 to ``min_nproc``: the world size shrinks, as the srun backend's does when it loses a node.
+
+Every standby belongs to a slot from its start, and is promoted only to that slot's local rank: it is
+started with the slot's ``CUDA_VISIBLE_DEVICES`` (once a slot was dropped) and, unless
+``GPUFLEET_STANDBY_CUDA=0``, told its local rank (``GPUFLEET_STANDBY_GPU``), so on a GPU host it makes
+that GPU's CUDA context before promotion (train/standby.py) and the rank's own ``.to(device)`` finds
+it made.
 """
 
 from __future__ import annotations
@@ -67,6 +73,8 @@ class _Standby:
     rank: int | None = None
     world: int | None = None
     ready_path: str | None = None  # the spare creates it once built, waiting in run.restore
+    slot: int = 0  # the local rank it was started for: its CPU share and GPU
+    gpu: bool = False  # it makes its slot's CUDA context before promotion: only that local rank may take it
 
     def hot(self) -> bool:
         """A spare that finished building and still waits for its promotion."""
@@ -107,6 +115,19 @@ class LocalBackend(Backend):
         self._spare_dir: str | None = None  # where hot spares say they are built
         self._plans: dict[tuple[int, str], list[RankResources]] = {}
         self._noted = False
+        self._warm_gpu: bool | None = None  # GPUFLEET_STANDBY_CUDA, as the ranks get it (read once)
+        Env.STANDBY_CUDA.get()  # a bad value in the launching environment stops the run before it starts
+
+    @classmethod
+    def options(cls, flags: Mapping[str, Any]) -> dict[str, Any]:
+        """None of its own; a bad ``GPUFLEET_STANDBY_CUDA`` (the shell's, ``--env``, ``--env-file``)
+        stops ``gpufleet run`` here, before it writes or launches anything."""
+        from gpufleet.backends.environ import parse_env_file, parse_env_items
+
+        env = parse_env_file(flags["env_file"]) if flags.get("env_file") else {}
+        env.update(parse_env_items(flags.get("env") or ()))
+        Env.STANDBY_CUDA.get({**os.environ, **env})
+        return {}
 
     # -- hooks ---------------------------------------------------------------------------------
     def prepare(self, spec: LaunchSpec, *, eager: bool = False) -> None:
@@ -121,15 +142,17 @@ class LocalBackend(Backend):
                 if (spec.place(local_rank).rank, spec.world_size) not in have:
                     self._standbys.append(self._spawn_spare(spec, local_rank, eager=eager))
             return
-        while len(self._standbys) < len(slots):
-            self._standbys.append(self._spawn_standby(spec, plan[len(self._standbys)], eager=eager))
+        have = {sb.slot for sb in self._standbys if sb.rank is None and sb.proc.poll() is None}
+        for local_rank in range(len(slots)):  # one waiting per slot: it warms that slot's GPU
+            if local_rank not in have:
+                self._standbys.append(self._spawn_standby(spec, plan[local_rank], local_rank, eager=eager))
 
     def _spawn_spare(self, spec: LaunchSpec, local_rank: int, *, eager: bool) -> _Standby:
         """A standby ordered at once to run the script as a hot spare for this rank: it builds what the
         script builds before ``run.restore`` (on a placeholder group) and waits there for its promotion
         order, which carries the round's environment (train/run.py, ``_promote``)."""
         res = self._plan(spec, spec.nproc_per_node)[local_rank]
-        sb = self._spawn_standby(spec, res, eager=eager)
+        sb = self._spawn_standby(spec, res, local_rank, eager=eager)
         env, threads = self._rank_env(spec, local_rank)
         rank = spec.place(local_rank).rank
         if self._spare_dir is None:
@@ -166,9 +189,28 @@ class LocalBackend(Backend):
         sb.proc.stdin.write((json.dumps(order) + "\n").encode())
         sb.proc.stdin.flush()
 
-    def _spawn_standby(self, spec: LaunchSpec, res: RankResources, *, eager: bool) -> _Standby:
+    def standby_env(self, spec: LaunchSpec, local_rank: int) -> dict[str, str]:
+        """What a standby started for ``local_rank`` knows of its slot before promotion: the slot's
+        ``CUDA_VISIBLE_DEVICES`` (as its rank gets it: fixed when CUDA starts, so it cannot wait for the
+        order), and the local rank whose GPU it warms unless ``GPUFLEET_STANDBY_CUDA=0``."""
+        env: dict[str, str] = visible_devices(self.active_slots(spec)) if self.dropped else {}
+        if self._standby_cuda(spec):
+            env[Env.STANDBY_GPU] = Env.STANDBY_GPU.format(local_rank)
+        return env
+
+    def _standby_cuda(self, spec: LaunchSpec) -> bool:
+        """``GPUFLEET_STANDBY_CUDA`` where the ranks read it (the launch, ``--env``); the first attempt's
+        start reads it, before it launches anything, so a bad value stops the run there."""
+        if self._warm_gpu is None:
+            self._warm_gpu = Env.STANDBY_CUDA.get({**os.environ, **spec.forward, **spec.env})
+        return self._warm_gpu
+
+    def _spawn_standby(
+        self, spec: LaunchSpec, res: RankResources, local_rank: int, *, eager: bool
+    ) -> _Standby:
         r, w = os.pipe()
-        env = {**os.environ, **spec.forward, **spec.env}
+        slot_env = self.standby_env(spec, local_rank)
+        env = {**os.environ, **spec.forward, **spec.env, **slot_env}
         # The share is fixed before `import torch`: OpenMP reads it once, as the library loads.
         env.update(thread_env(res.threads, env), **{Env.CONTROL_FD: str(w)})
         if eager:  # warm at normal priority: see Backend.prepare
@@ -180,9 +222,10 @@ class LocalBackend(Backend):
             pass_fds=(w,),
             start_new_session=True,
         )
-        return _Standby(proc, r, w)
+        return _Standby(proc, r, w, slot=local_rank, gpu=Env.STANDBY_GPU in slot_env)
 
     def start(self, spec: LaunchSpec) -> ProcessAttempt:
+        self._standby_cuda(spec)
         slots = self.active_slots(spec)
         spec.nproc_per_node = len(slots)  # fewer after a slot was dropped: the world size shrinks
         # Hot spares join as they are only when every rank of the round is one; else they build again.
@@ -274,10 +317,10 @@ class LocalBackend(Backend):
         env, threads = self._rank_env(spec, local_rank)
         rank = spec.place(local_rank).rank
         entry = python_entry(spec.command)
-        sb = self._take_standby(rank, spec.world_size) if entry is not None else None
+        sb = self._take_standby(rank, spec.world_size, local_rank) if entry is not None else None
         if sb is None and entry is not None and self.in_process:
             # Every rank runs under the in-process harness, the first attempt's too: spawn one now.
-            sb = self._spawn_standby(spec, res, eager=True)
+            sb = self._spawn_standby(spec, res, local_rank, eager=True)
         if sb is not None and entry is not None and sb.proc.stdin is not None:
             if sb.rank is None:
                 self._order(sb, spec, env, res, threads, rank)
@@ -380,8 +423,9 @@ class LocalBackend(Backend):
                 self._noted = True
         return self._plans[key]
 
-    def _take_standby(self, rank: int, world: int) -> _Standby | None:
-        """The hot spare built for this rank, else a plain standby; never another rank's spare."""
+    def _take_standby(self, rank: int, world: int, local_rank: int) -> _Standby | None:
+        """The hot spare built for this rank, else a plain standby of this slot (or one that warmed no
+        GPU); never another rank's spare, nor a standby holding another GPU's CUDA context."""
         for sb in [sb for sb in self._standbys if sb.proc.poll() is not None]:  # exited: forget it
             self._standbys.remove(sb)
             os.close(sb.read_fd)
@@ -390,10 +434,11 @@ class LocalBackend(Backend):
             if (sb.rank, sb.world) == (rank, world) and sb.hot():
                 self._standbys.remove(sb)
                 return sb
-        for sb in self._standbys:
-            if sb.rank is None:
-                self._standbys.remove(sb)
-                return sb
+        plain = [sb for sb in self._standbys if sb.rank is None and (sb.slot == local_rank or not sb.gpu)]
+        plain.sort(key=lambda sb: sb.slot != local_rank)  # its own slot's first: its CPUs, its GPU
+        if plain:
+            self._standbys.remove(plain[0])
+            return plain[0]
         return None  # a spare still building stays for a later failure
 
     def _discard_standbys(self) -> None:

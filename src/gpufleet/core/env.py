@@ -135,6 +135,12 @@ class Env:
         "the torch.distributed backend: auto, nccl or gloo (dist_backend, --dist-backend)",
     )
     MEMORY_TIER_DIR = Var("GPUFLEET_MEMORY_TIER_DIR", str, "/dev/shm", "the memory tier's keepers (%n: node)")
+    STANDBY_CUDA = Var(
+        "GPUFLEET_STANDBY_CUDA",
+        flag,
+        True,
+        "a standby makes its slot GPU's CUDA context before promotion (0: after, as a fresh rank)",
+    )
     # Supervisor -> worker plumbing (set by the supervisor and its backends, never by users).
     CONTROL_FD: Var[int | None] = Var(
         "GPUFLEET_CONTROL_FD", int, None, "the pipe a worker reports to its supervisor on"
@@ -147,6 +153,9 @@ class Env:
         "GPUFLEET_SPAWN_T", float, None, "wall time the supervisor spawned the worker"
     )
     STANDBY_EAGER = Var("GPUFLEET_STANDBY_EAGER", flag, False, "a standby interpreter imports torch at once")
+    STANDBY_GPU: Var[int | None] = Var(
+        "GPUFLEET_STANDBY_GPU", int, None, "the local rank whose GPU a standby warms before promotion"
+    )
     IN_PROCESS = Var("GPUFLEET_IN_PROCESS", flag, False, "this rank may rejoin a new round in place")
     AUTO_TELEMETRY = Var(
         "GPUFLEET_AUTO_TELEMETRY", flag, False, "report optimizer steps of a script without gpufleet.init()"

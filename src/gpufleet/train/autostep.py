@@ -9,6 +9,12 @@ finder registers :func:`torch.optim.optimizer.register_optimizer_step_post_hook`
 
 - every rank sends a step heartbeat (``hb``) on the channel the supervisor gave it
   (``GPUFLEET_CONTROL_FD``), so hangs are detected as for a script that calls ``gpufleet.init()``;
+  from its second step on it carries the step's timings for the straggler detector
+  (:mod:`gpufleet.train.straggler`): ``work``, from the last step's end to this one's, less the
+  ``torch.save`` stall, and ``fwd``, from the last step's end to the end of the step's first forward
+  of a ``DistributedDataParallel`` model (a forward hook that a global module-registration hook puts
+  on each DDP instance as it is built). Under DDP every rank ends its step together, so ``fwd`` is the
+  one that shows a rank slow in its data loading or forward;
 - rank 0 sends a ``step`` event (the ledger's progress, goodput and MTTR come from these) and, for
   each ``torch.save`` to a path (a file name, not a buffer) that returned, a ``ckpt_committed``
   event with the path, the bytes written and the save's duration, which is also the next step's
@@ -50,6 +56,8 @@ class _Hook:
 
     def __init__(self) -> None:
         self.handle: Any = None  # torch's RemovableHandle of the global step hook
+        self.ddp_handle: Any = None  # the global module-registration hook that times DDP forwards
+        self.fwd: float | None = None  # this step's first DDP forward ended this long after its start
         self.lead: weakref.ref[Any] | None = None
         self.step = -1
         self.last_t: float | None = None  # monotonic time of the lead optimizer's last step
@@ -88,7 +96,13 @@ class _Hook:
 
         if self.saved_fn is None and "torch" in sys.modules:
             self.wrap_save(sys.modules["torch"])  # torch.save exists once torch has loaded
-        self.sink.emit(E.Heartbeat(step=step))
+        if self.last_t is None:  # the first step's start is unknown: no timings
+            self.sink.emit(E.Heartbeat(step=step))
+        else:
+            work = now - self.last_t - self.stall
+            fwd = None if self.fwd is None else round(self.fwd, 6)
+            self.sink.emit(E.Heartbeat(step=step, work=round(max(work, 0.0), 6), fwd=fwd))
+        self.fwd = None
         if self.rank == 0:
             if self.last_t is None:
                 # How long the first step took is unknown (start-up, data loading and the restore ran
@@ -100,6 +114,21 @@ class _Hook:
                 self.sink.emit(E.Step(step=step, dt=round(dt, 6), stall=round(min(self.stall, dt), 6)))
         self.stall = 0.0
         self.last_t = now
+
+    def registered(self, module: Any, name: str, submodule: Any) -> None:
+        """Global module-registration hook: a ``DistributedDataParallel`` being built (its ``module``
+        attribute is set in its constructor) gets the forward hook that times ``fwd``."""
+        if self.off or name != "module":
+            return
+        ddp = sys.modules.get("torch.nn.parallel.distributed")
+        if ddp is not None and isinstance(module, ddp.DistributedDataParallel):
+            module.register_forward_hook(self.after_forward)
+
+    def after_forward(self, module: Any, args: Any, output: Any) -> None:
+        # The step's first forward (gradient accumulation runs several): data loading and forward come
+        # before DDP's gradient all-reduce, so a slow rank shows here although every rank ends together.
+        if self.fwd is None and self.last_t is not None and not self.off:
+            self.fwd = time.monotonic() - self.last_t - self.stall
 
     def _flush_pending(self, dt: float) -> None:
         if self.pending is None:
@@ -178,6 +207,9 @@ class _Hook:
         if self.handle is not None:
             self.handle.remove()
             self.handle = None
+        if self.ddp_handle is not None:
+            self.ddp_handle.remove()
+            self.ddp_handle = None
 
 
 _HOOK = _Hook()
@@ -199,6 +231,9 @@ def install(optimizer_module: ModuleType) -> None:
     if _HOOK.handle is not None or _HOOK.off:
         return
     _HOOK.handle = optimizer_module.register_optimizer_step_post_hook(_HOOK.after_step)
+    from torch.nn.modules.module import register_module_module_registration_hook
+
+    _HOOK.ddp_handle = register_module_module_registration_hook(_HOOK.registered)
     atexit.register(_HOOK.at_exit)
 
 

@@ -3,7 +3,9 @@
 env:// rendezvous, DDP on gloo, a DistributedSampler, Adam, and its own ``torch.save`` snapshot
 every ``--snapshot-every`` steps (rank 0), from which it resumes when one exists. A fresh start (no
 snapshot) sleeps ``--fresh-sleep`` seconds per step, so a test can kill it mid-run; a resumed one
-runs at full speed. Rank 0 writes ``DIR/done.json`` (the step it resumed at, the steps it ran).
+runs at full speed. ``--slow-rank R --slow-delay S``: rank R sleeps S seconds before each forward, in
+every run, as a rank with a slow data pipeline would. Rank 0 writes ``DIR/done.json`` (the step it
+resumed at, the steps it ran).
 """
 
 import argparse
@@ -24,6 +26,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=80)
     ap.add_argument("--snapshot-every", type=int, default=10)
     ap.add_argument("--fresh-sleep", type=float, default=0.0)
+    ap.add_argument("--slow-rank", type=int, default=-1)
+    ap.add_argument("--slow-delay", type=float, default=0.0)
     args = ap.parse_args()
 
     dist.init_process_group("gloo")  # env:// (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE)
@@ -51,6 +55,8 @@ def main() -> None:
         for i, (x, y) in enumerate(loader):
             if epoch * len(loader) + i < step:
                 continue  # batches the snapshot already covered
+            if rank == args.slow_rank:
+                time.sleep(args.slow_delay)
             loss = nn.functional.mse_loss(model(x), y)
             opt.zero_grad()
             loss.backward()

@@ -87,6 +87,38 @@ def test_a_resumed_optimizer_numbers_steps_from_its_state_and_a_second_one_is_no
     assert [e["step"] for e in sent(channel) if e["ev"] == "hb"] == [5, 6]
 
 
+def test_step_heartbeats_carry_the_straggler_timings_with_fwd_from_a_ddp_forward(
+    channel: int, tmp_path: Path
+) -> None:
+    """From the second step on, each heartbeat has ``work`` (the step) and, for a DDP model, ``fwd``
+    (the step's start to its first forward's end, so a rank slow before its forward shows there)."""
+    import time
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    autostep.activate()
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        plain = torch.nn.Linear(4, 1)  # not DDP: no forward hook
+        ddp = DDP(torch.nn.Linear(4, 1))
+        opt = torch.optim.SGD([*ddp.parameters(), *plain.parameters()], lr=0.01)
+        for i in range(3):
+            if i == 2:
+                time.sleep(0.03)  # a slow data loader, before the forward
+            opt.zero_grad()
+            (ddp(torch.ones(2, 4)).sum() + plain(torch.ones(2, 4)).sum()).backward()
+            opt.step()
+    finally:
+        dist.destroy_process_group()
+    hbs = [e for e in sent(channel) if e["ev"] == "hb"]
+    assert [e["step"] for e in hbs] == [0, 1, 2]
+    assert "work" not in hbs[0] and "fwd" not in hbs[0]  # the first step's start is unknown
+    assert all(0 <= e["fwd"] <= e["work"] for e in hbs[1:])
+    assert hbs[2]["fwd"] >= 0.03
+
+
 def test_torch_save_to_a_path_is_a_checkpoint_and_its_time_the_next_step_stall(
     channel: int, tmp_path: Path
 ) -> None:
