@@ -28,6 +28,7 @@ def supervised(
         "run",
         "-n",
         "2",
+        "--no-standby",
         "--run-dir",
         str(run_dir),
         "--checkpoint-every",
