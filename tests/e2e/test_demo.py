@@ -24,7 +24,7 @@ def test_fault_plan_spreads_four_kinds_between_checkpoints() -> None:
 
 
 def test_demo_recovers_from_every_fault_with_identical_weights(tmp_path: Path) -> None:
-    cfg = DemoConfig(dir=tmp_path, steps=200, checkpoint_every=20, progress=False, plot=False)
+    cfg = DemoConfig(dir=tmp_path, steps=120, checkpoint_every=15, progress=False, plot=False)
     result = run_demo(cfg, console=None)
 
     assert result.reference is not None and result.reference.status == "completed"
@@ -33,7 +33,7 @@ def test_demo_recovers_from_every_fault_with_identical_weights(tmp_path: Path) -
     assert result.identical is True
     assert result.comparison is not None
     assert result.comparison["a"]["sha256"] == result.comparison["b"]["sha256"]
-    assert result.comparison["a"]["step"] == result.comparison["b"]["step"] == 200
+    assert result.comparison["a"]["step"] == result.comparison["b"]["step"] == 120
 
     events = read_events(tmp_path / "faulted")
     causes = [e.get("cause") for e in events if e["ev"] == E.Failure.kind]
