@@ -29,7 +29,17 @@ STEPS, STEPS_PER_EPOCH = 18, 16  # toy_train: 512 samples, 16 per rank and step,
 
 
 def test_report_counts_what_the_ledger_holds(tmp_path: Path) -> None:
-    run = ["run", "-n", "2", "--run-dir", str(tmp_path), "--checkpoint-every", "3", "--no-progress", "--no-standby"]
+    run = [
+        "run",
+        "-n",
+        "2",
+        "--run-dir",
+        str(tmp_path),
+        "--checkpoint-every",
+        "3",
+        "--no-progress",
+        "--no-standby",
+    ]
     drills = ["--inject", "kill:rank=1,step=6,settle=1", "--inject", "nan:step=12,persist=1"]
     train = ["--", sys.executable, SCRIPT, "--steps", str(STEPS)]
     p = subprocess.run([*GPUFLEET, *run, *drills, *train], capture_output=True, text=True, timeout=240)

@@ -29,7 +29,17 @@ K, T = 13, 26  # saved with 2 workers at K (mid-epoch: 12 steps per epoch), resu
 
 
 def run(run_dir: Path, nproc: int, steps: int, *flags: str, extra: tuple[str, ...] = ()):
-    launcher = [*GPUFLEET, "run", "-n", str(nproc), "--run-dir", str(run_dir), "--no-progress", "--no-standby", *flags]
+    launcher = [
+        *GPUFLEET,
+        "run",
+        "-n",
+        str(nproc),
+        "--run-dir",
+        str(run_dir),
+        "--no-progress",
+        "--no-standby",
+        *flags,
+    ]
     cmd = [*launcher, "--", sys.executable, SCRIPT, "--steps", str(steps), *extra]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stderr[-3000:]
