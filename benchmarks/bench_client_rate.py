@@ -54,15 +54,21 @@ def main() -> None:
         "loop": a.loop,
         "duration_s": a.duration,
         "null_workers": a.null_workers,
-        "host": {"cpus": os.cpu_count(), "loadavg_1m_at_end": os.getloadavg()[0],
-                 "python": platform.python_version(), "platform": platform.platform()},
+        "host": {
+            "cpus": os.cpu_count(),
+            "loadavg_1m_at_end": os.getloadavg()[0],
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
         "measured_unix": time.time(),
         "runs": runs,
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=2))
-    print(f"median sustained rate: {result['median_max_rate']:.0f} req/s  (p99 lag <= {a.lag_ms} ms, "
-          f"{a.processes} process, {a.loop}; load avg {result['host']['loadavg_1m_at_end']:.1f}) -> {a.out}")
+    print(
+        f"median sustained rate: {result['median_max_rate']:.0f} req/s  (p99 lag <= {a.lag_ms} ms, "
+        f"{a.processes} process, {a.loop}; load avg {result['host']['loadavg_1m_at_end']:.1f}) -> {a.out}"
+    )
 
 
 if __name__ == "__main__":

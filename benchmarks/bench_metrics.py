@@ -82,7 +82,9 @@ def trial(metrics: bool, args: argparse.Namespace, work: Path, k: int) -> dict[s
     scraper = Scraper(f"http://127.0.0.1:{port}/metrics", args.scrape_every) if metrics else None
     t0 = time.perf_counter()
     errf = open(work / f"err-{k}-{int(metrics)}.log", "w+")  # noqa: SIM115
-    proc = subprocess.Popen(cmd, env={**os.environ, "BENCH_OUT": str(out)}, stdout=subprocess.DEVNULL, stderr=errf)
+    proc = subprocess.Popen(
+        cmd, env={**os.environ, "BENCH_OUT": str(out)}, stdout=subprocess.DEVNULL, stderr=errf
+    )
     if scraper is not None:
         scraper.start()
     _, status, ru = os.wait4(proc.pid, 0)  # CPU of gpufleet run and the workers it waited for
@@ -283,9 +285,11 @@ def main() -> None:
               f"live_all {m['live_all']:.3f} s, live_10 {m['live_10']:.3f} s")  # fmt: skip
     if "step_time" in res:
         st = res["step_time"]
-        print(f"step time on/off: median {st['median_step_s']['ratio']:.4f}x, mean {st['mean_step_s']['ratio']:.4f}x; "
-              f"CPU on/off {st['cpu_s']['ratio']:.4f}x; one scrape {st['scrape_cpu_ms_median']:.2f} ms CPU = "
-              f"{st['exporter_cpu_share']:.3%} of the run's CPU at 1 scrape per {args.scrape_every:g} s")
+        print(
+            f"step time on/off: median {st['median_step_s']['ratio']:.4f}x, mean {st['mean_step_s']['ratio']:.4f}x; "
+            f"CPU on/off {st['cpu_s']['ratio']:.4f}x; one scrape {st['scrape_cpu_ms_median']:.2f} ms CPU = "
+            f"{st['exporter_cpu_share']:.3%} of the run's CPU at 1 scrape per {args.scrape_every:g} s"
+        )
     print(f"-> {path}")
 
 

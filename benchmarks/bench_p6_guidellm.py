@@ -128,8 +128,12 @@ def main() -> None:
     ap.add_argument("--guidellm", default="/tmp/guidellm-venv/bin/guidellm")
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--lag-ms", type=float, default=2.0, help="P6's criterion: p99 send lag")
-    ap.add_argument("--relaxed-lag-ms", type=float, default=10.0,
-                    help="a second, looser criterion, where GuideLLM's fixed dispatch delay fits")
+    ap.add_argument(
+        "--relaxed-lag-ms",
+        type=float,
+        default=10.0,
+        help="a second, looser criterion, where GuideLLM's fixed dispatch delay fits",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS / "p6_guidellm.json")
     a = ap.parse_args()
     result: dict[str, Any] = {

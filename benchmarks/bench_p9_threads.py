@@ -49,8 +49,13 @@ BIN = Path(sys.executable).parent
 VARIANTS = ("gpufleet", "torchrun", "gpufleet+ckpt", "torchrun+ckpt")
 ALL_THREADS = "gpufleet/all-threads"
 GOALS = {"none": 1.05, "ckpt": 1.15}
-THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
-               "NUMEXPR_NUM_THREADS")
+THREAD_VARS = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
 
 
 def _env(out: Path, variant: str = "") -> dict[str, str]:
@@ -64,15 +69,44 @@ def _env(out: Path, variant: str = "") -> dict[str, str]:
 def _command(variant: str, work: Path, args: argparse.Namespace, extra: list[str]) -> list[str]:
     ckpt = str(args.ckpt_every) if variant.endswith("+ckpt") else "0"
     if variant.startswith("gpufleet"):
-        return [str(BIN / "gpufleet"), "run", "-n", "2", "--run-dir", str(work / "run"), "--no-progress",
-                "--", sys.executable, str(SCRIPT), "--launcher", "gpufleet", "--ckpt-every", ckpt, *extra]
-    return [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", str(SCRIPT),
-            "--launcher", "torchrun", "--ckpt-every", ckpt, *extra]
+        return [
+            str(BIN / "gpufleet"),
+            "run",
+            "-n",
+            "2",
+            "--run-dir",
+            str(work / "run"),
+            "--no-progress",
+            "--",
+            sys.executable,
+            str(SCRIPT),
+            "--launcher",
+            "gpufleet",
+            "--ckpt-every",
+            ckpt,
+            *extra,
+        ]
+    return [
+        str(BIN / "torchrun"),
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(SCRIPT),
+        "--launcher",
+        "torchrun",
+        "--ckpt-every",
+        ckpt,
+        *extra,
+    ]
 
 
 def steady(ends: list[float], warmup: int) -> dict[str, float]:
     dts = [b - a for a, b in zip(ends[warmup:], ends[warmup + 1 :], strict=False)]
-    return {"mean_s": (ends[-1] - ends[warmup]) / len(dts), "median_s": statistics.median(dts), "steps": len(dts)}
+    return {
+        "mean_s": (ends[-1] - ends[warmup]) / len(dts),
+        "median_s": statistics.median(dts),
+        "steps": len(dts),
+    }
 
 
 def one_trial(variant: str, args: argparse.Namespace, root: Path, i: int) -> dict[str, Any]:
@@ -87,8 +121,16 @@ def one_trial(variant: str, args: argparse.Namespace, root: Path, i: int) -> dic
     if (rc != 0 and not hung) or not result.exists():
         raise SystemExit(f"bench_p9: {variant} failed (exit {rc}):\n{stderr[-3000:]}")
     got = json.loads(result.read_text())
-    row = {"variant": variant, "repeat": i, "wall_s": round(wall, 2), "load1": round(load[0], 2), "hung_at_exit": hung,
-           "threads": got["threads"], "omp": got["omp"], **steady(got["ends"], args.warmup)}
+    row = {
+        "variant": variant,
+        "repeat": i,
+        "wall_s": round(wall, 2),
+        "load1": round(load[0], 2),
+        "hung_at_exit": hung,
+        "threads": got["threads"],
+        "omp": got["omp"],
+        **steady(got["ends"], args.warmup),
+    }
     if "cpu" in got:  # rank 0's CPU seconds per steady-state step: steadier than wall time on a loaded host
         cpu = got["cpu"]
         row["cpu_mean_s"] = (cpu[-1] - cpu[args.warmup]) / (len(cpu) - 1 - args.warmup)
@@ -106,8 +148,15 @@ def _run(cmd: list[str], env: dict[str, str], cwd: Path, timeout: float) -> tupl
     torchrun's gloo workers sometimes never leave ``destroy_process_group`` after the last step; the
     steps they timed are on disk by then, so such a trial counts, marked ``hung_at_exit``.
     """
-    with subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True) as p:
+    with subprocess.Popen(
+        cmd,
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as p:
         try:
             _, err = p.communicate(timeout=timeout)
             return p.returncode, err, False
@@ -145,20 +194,25 @@ def main() -> int:
     ap.add_argument("--out", default="p9_threads.json", help="file name under benchmarks/results/")
     args = ap.parse_args()
     if args.repeats < 1 or args.steps < args.warmup + 10 or args.ckpt_every < 1 or args.micro < 0:
-        print("bench_p9: need --repeats >= 1, --steps >= --warmup + 10, --ckpt-every >= 1, --micro >= 0",
-              file=sys.stderr)
+        print(
+            "bench_p9: need --repeats >= 1, --steps >= --warmup + 10, --ckpt-every >= 1, --micro >= 0",
+            file=sys.stderr,
+        )
         return 2
     root = Path(tempfile.mkdtemp(prefix="gpufleet-p9-"))
     rows: list[dict[str, Any]] = []
     variants = VARIANTS + ((ALL_THREADS,) if args.with_all_threads else ())
     try:
         for i in range(args.repeats):
-            order = variants[i % len(variants):] + variants[: i % len(variants)]
+            order = variants[i % len(variants) :] + variants[: i % len(variants)]
             for v in order:
                 row = one_trial(v, args, root, i)
                 rows.append(row)
-                print(f"  repeat {i} {v:<14} mean {row['mean_s'] * 1e3:7.1f} ms/step  median "
-                      f"{row['median_s'] * 1e3:7.1f}  threads {row['threads']}  load {row['load1']}", flush=True)
+                print(
+                    f"  repeat {i} {v:<14} mean {row['mean_s'] * 1e3:7.1f} ms/step  median "
+                    f"{row['median_s'] * 1e3:7.1f}  threads {row['threads']}  load {row['load1']}",
+                    flush=True,
+                )
         micro_res = micro(args, root) if args.micro else None
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -166,8 +220,10 @@ def main() -> int:
     summary: dict[str, dict[str, float]] = {}
     for v in variants:
         mine = [r for r in rows if r["variant"] == v]
-        summary[v] = {"mean_s": statistics.median(r["mean_s"] for r in mine),
-                      "median_s": statistics.median(r["median_s"] for r in mine)}
+        summary[v] = {
+            "mean_s": statistics.median(r["mean_s"] for r in mine),
+            "median_s": statistics.median(r["median_s"] for r in mine),
+        }
         cpus = [r["cpu_mean_s"] for r in mine if "cpu_mean_s" in r]
         if cpus:
             summary[v]["cpu_s"] = statistics.median(cpus)
@@ -182,26 +238,36 @@ def main() -> int:
         for k, sfx in (("none", ""), ("ckpt", "+ckpt"))
     }
     loads = [r["load1"] for r in rows]
-    print(f"\nP9: steady-state step time, {args.steps} steps (first {args.warmup} left out), "
-          f"{args.repeats} repeat(s), medians; load average {min(loads)}-{max(loads)} on {os.cpu_count()} CPUs")
+    print(
+        f"\nP9: steady-state step time, {args.steps} steps (first {args.warmup} left out), "
+        f"{args.repeats} repeat(s), medians; load average {min(loads)}-{max(loads)} on {os.cpu_count()} CPUs"
+    )
     print(f"{'variant':<21}{'mean ms/step':>14}{'median ms/step':>16}{'rank-0 CPU ms/step':>20}")
     for v in variants:
         cpu_ms = f"{summary[v]['cpu_s'] * 1e3:.1f}" if "cpu_s" in summary[v] else "-"
         print(f"{v:<21}{summary[v]['mean_s'] * 1e3:>14.1f}{summary[v]['median_s'] * 1e3:>16.1f}{cpu_ms:>20}")
     for k, label in (("none", "no checkpoints"), ("ckpt", f"checkpoint every {args.ckpt_every}")):
         verdict = "met" if ratios[k] <= GOALS[k] else "MISSED"
-        print(f"gpufleet / torchrun, {label}: {ratios[k]:.3f}x (goal <= {GOALS[k]}x: {verdict}); "
-              f"median of per-repeat ratios {paired[k]:.3f}x")
+        print(
+            f"gpufleet / torchrun, {label}: {ratios[k]:.3f}x (goal <= {GOALS[k]}x: {verdict}); "
+            f"median of per-repeat ratios {paired[k]:.3f}x"
+        )
     if micro_res:
-        print(f"run API per step ({micro_res['n']} steps, 2 ranks): all_reduce alone "
-              f"{micro_res['allreduce_us']:.0f} us; empty run.steps() step {micro_res['step_empty_us']:.0f} us; "
-              f"with run.log(loss=) {micro_res['step_log_us']:.0f} us")
+        print(
+            f"run API per step ({micro_res['n']} steps, 2 ranks): all_reduce alone "
+            f"{micro_res['allreduce_us']:.0f} us; empty run.steps() step {micro_res['step_empty_us']:.0f} us; "
+            f"with run.log(loss=) {micro_res['step_log_us']:.0f} us"
+        )
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = {
         "benchmark": "P9 worker defaults: gpufleet run vs torchrun, unpinned threads",
         "args": vars(args),
-        "host": {"cpus": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)), "python": platform.python_version(),
-                 "load_end": os.getloadavg()},
+        "host": {
+            "cpus": os.cpu_count(),
+            "affinity": len(os.sched_getaffinity(0)),
+            "python": platform.python_version(),
+            "load_end": os.getloadavg(),
+        },
         "summary": summary,
         "ratios": ratios,
         "paired_ratios": paired,

@@ -49,10 +49,14 @@ def synthetic(n: int, seed: int, max_pd: int = 72) -> list[Workload]:
                 nd = max(1, nd - 1)
                 np_ = max(1, np_ - 1) if np_ * ptp + nd * dtp > max_pd else np_
             for k in range(rng.randint(1, 3)):
-                groups += [{"id": f"p{k}.{i}", "role": "prefill", "gpus": ptp, "pd_group": f"pd{k}"}
-                           for i in range(np_)]
-                groups += [{"id": f"d{k}.{i}", "role": "decode", "gpus": dtp, "pd_group": f"pd{k}"}
-                           for i in range(nd)]
+                groups += [
+                    {"id": f"p{k}.{i}", "role": "prefill", "gpus": ptp, "pd_group": f"pd{k}"}
+                    for i in range(np_)
+                ]
+                groups += [
+                    {"id": f"d{k}.{i}", "role": "decode", "gpus": dtp, "pd_group": f"pd{k}"}
+                    for i in range(nd)
+                ]
         out.append(parse_plan({"workload": f"w{w:02d}", "groups": groups}, f"synthetic:{w}"))
     return out
 
@@ -74,8 +78,9 @@ def one(n: int, kind: str, a: argparse.Namespace) -> dict[str, Any]:
     fleet = fleet_for(wls, kind, anti)
     cp_runs, ffd_runs = [], []
     for _ in range(a.repeats):
-        cp_runs.append(pack(wls, fleet, anti_affinity=anti, time_limit=a.time_limit,
-                            workers=a.workers, seed=0))
+        cp_runs.append(
+            pack(wls, fleet, anti_affinity=anti, time_limit=a.time_limit, workers=a.workers, seed=0)
+        )
         t0 = time.perf_counter()
         try:
             f: PackResult | None = pack(wls, fleet, anti_affinity=anti, solver="ffd")
@@ -87,18 +92,30 @@ def one(n: int, kind: str, a: argparse.Namespace) -> dict[str, Any]:
     f0 = ffd_runs[0][1]
     ffd_cost = f0.cost if f0 is not None else None
     return {
-        "workloads": n, "fleet": kind + ("-anti" if anti else ""), "anti_affinity": anti,
-        "domains": len(fleet), "items": len(cp.items),
-        "gpus_demanded": sum(w.gpus for w in wls), "gpus_in_fleet": sum(d.gpus for d in fleet),
-        "cpsat": {"median_s": statistics.median(r.solve_s for r in cp_runs),
-                  "times_s": [r.solve_s for r in cp_runs], "status": [r.status for r in cp_runs],
-                  "method": [r.method for r in cp_runs], "cost": statistics.median(r.cost for r in cp_runs),
-                  "bound": bound, "gap": statistics.median(r.gap for r in cp_runs),
-                  "fragmentation": cp.fragmentation},
-        "ffd": {"median_s": statistics.median(t for t, _ in ffd_runs), "cost": ffd_cost,
-                "gap": (ffd_cost - bound) / bound if bound > 0 and ffd_cost is not None else None,
-                "fragmentation": f0.fragmentation if f0 is not None else None,
-                "found": f0 is not None},
+        "workloads": n,
+        "fleet": kind + ("-anti" if anti else ""),
+        "anti_affinity": anti,
+        "domains": len(fleet),
+        "items": len(cp.items),
+        "gpus_demanded": sum(w.gpus for w in wls),
+        "gpus_in_fleet": sum(d.gpus for d in fleet),
+        "cpsat": {
+            "median_s": statistics.median(r.solve_s for r in cp_runs),
+            "times_s": [r.solve_s for r in cp_runs],
+            "status": [r.status for r in cp_runs],
+            "method": [r.method for r in cp_runs],
+            "cost": statistics.median(r.cost for r in cp_runs),
+            "bound": bound,
+            "gap": statistics.median(r.gap for r in cp_runs),
+            "fragmentation": cp.fragmentation,
+        },
+        "ffd": {
+            "median_s": statistics.median(t for t, _ in ffd_runs),
+            "cost": ffd_cost,
+            "gap": (ffd_cost - bound) / bound if bound > 0 and ffd_cost is not None else None,
+            "fragmentation": f0.fragmentation if f0 is not None else None,
+            "found": f0 is not None,
+        },
     }
 
 
@@ -113,9 +130,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "p7_packer.json")
     a = ap.parse_args()
     rows = []
-    hdr = (f"{'fleet':10} {'wl':>3} {'items':>5} {'GPUs':>5} {'dom':>4} | {'CP-SAT s':>8} {'status':>8} "
-           f"{'cost':>5} {'bound':>5} {'gap':>6} | {'FFD s':>7} {'cost':>5} {'gap':>6} | "
-           f"{'FFD/CP cost':>11} {'CP/FFD time':>11}")
+    hdr = (
+        f"{'fleet':10} {'wl':>3} {'items':>5} {'GPUs':>5} {'dom':>4} | {'CP-SAT s':>8} {'status':>8} "
+        f"{'cost':>5} {'bound':>5} {'gap':>6} | {'FFD s':>7} {'cost':>5} {'gap':>6} | "
+        f"{'FFD/CP cost':>11} {'CP/FFD time':>11}"
+    )
     print(hdr)
     print("-" * len(hdr))
     for kind in a.fleets.split(","):
@@ -126,19 +145,34 @@ def main() -> None:
             r["ratio_cost_ffd_over_cpsat"] = f["cost"] / c["cost"] if f["found"] else None
             r["ratio_time_cpsat_over_ffd"] = c["median_s"] / max(f["median_s"], 1e-9)
             st = "/".join(sorted(set(c["status"])))
-            print(f"{r['fleet']:10} {n:>3} {r['items']:>5} {r['gpus_demanded']:>5} {r['domains']:>4} | "
-                  f"{c['median_s']:>8.3f} {st:>8} {c['cost']:>5g} {c['bound']:>5g} {c['gap']:>6.1%} | "
-                  f"{f['median_s']:>7.4f} " + (f"{f['cost']:>5g} {f['gap']:>6.1%} | "
-                                               f"{r['ratio_cost_ffd_over_cpsat']:>11.3f} " if f["found"]
-                                               else f"{'none':>5} {'-':>6} | {'-':>11} ")
-                  + f"{r['ratio_time_cpsat_over_ffd']:>11.0f}", flush=True)
+            print(
+                f"{r['fleet']:10} {n:>3} {r['items']:>5} {r['gpus_demanded']:>5} {r['domains']:>4} | "
+                f"{c['median_s']:>8.3f} {st:>8} {c['cost']:>5g} {c['bound']:>5g} {c['gap']:>6.1%} | "
+                f"{f['median_s']:>7.4f} "
+                + (
+                    f"{f['cost']:>5g} {f['gap']:>6.1%} | {r['ratio_cost_ffd_over_cpsat']:>11.3f} "
+                    if f["found"]
+                    else f"{'none':>5} {'-':>6} | {'-':>11} "
+                )
+                + f"{r['ratio_time_cpsat_over_ffd']:>11.0f}",
+                flush=True,
+            )
     result = {
-        "benchmark": "p7_packer", "tool": "gpufleet serve pack",
-        "params": {"repeats": a.repeats, "time_limit_s": a.time_limit, "num_workers": a.workers,
-                   "seed": a.seed},
-        "host": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                 "platform": platform.platform()},
-        "measured_unix": time.time(), "rows": rows,
+        "benchmark": "p7_packer",
+        "tool": "gpufleet serve pack",
+        "params": {
+            "repeats": a.repeats,
+            "time_limit_s": a.time_limit,
+            "num_workers": a.workers,
+            "seed": a.seed,
+        },
+        "host": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "measured_unix": time.time(),
+        "rows": rows,
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=2))

@@ -74,22 +74,37 @@ def main() -> int:
         print(f"probe run failed: {probe}", file=sys.stderr)
         return 1
     delay = args.slow * probe["step_median_s"]
-    print(f"clean step {probe['step_median_s'] * 1000:.1f} ms -> slow drill {delay * 1000:.1f} ms per step", file=sys.stderr)
+    print(
+        f"clean step {probe['step_median_s'] * 1000:.1f} ms -> slow drill {delay * 1000:.1f} ms per step",
+        file=sys.stderr,
+    )
     clean: list[dict[str, Any]] = []
     slow: list[dict[str, Any]] = []
     for i in range(args.runs):
         for kind, out in (("clean", clean), ("slow", slow)):
             r = one_run(root / f"{kind}-{i}", args, delay if kind == "slow" else None)
             out.append(r)
-            print(f"  {kind} {i:2d}: rc {r['rc']} step {r['step_median_s'] or 0:.3f}s flags {r['flags']}", file=sys.stderr)
-    false_pos = sum(1 for r in clean if r["flags"]) + sum(1 for r in slow if any(f["rank"] != 1 for f in r["flags"]))
+            print(
+                f"  {kind} {i:2d}: rc {r['rc']} step {r['step_median_s'] or 0:.3f}s flags {r['flags']}",
+                file=sys.stderr,
+            )
+    false_pos = sum(1 for r in clean if r["flags"]) + sum(
+        1 for r in slow if any(f["rank"] != 1 for f in r["flags"])
+    )
     caught = [r for r in slow if any(f["rank"] == 1 for f in r["flags"])]
     latency = [min(f["step"] for f in r["flags"] if f["rank"] == 1) for r in caught]
     res = {
         "benchmark": "straggler_detection",
         "goal": "no false positive on 20 clean runs; a 20%-slow rank caught 20/20 within a stated number of steps",
-        "config": {"runs": args.runs, "steps": args.steps, "width": args.width, "slow_share": args.slow,
-                   "delay_s": delay, "probe_step_s": probe["step_median_s"], "rule": "train/straggler.py StragglerConfig defaults"},  # fmt: skip
+        "config": {
+            "runs": args.runs,
+            "steps": args.steps,
+            "width": args.width,
+            "slow_share": args.slow,
+            "delay_s": delay,
+            "probe_step_s": probe["step_median_s"],
+            "rule": "train/straggler.py StragglerConfig defaults",
+        },  # fmt: skip
         "clean_runs_with_flags": sum(1 for r in clean if r["flags"]),
         "false_positives": false_pos,
         "caught": f"{len(caught)}/{len(slow)}",

@@ -78,9 +78,11 @@ def main() -> None:
         row = {"ttft_ms": ttft, "itl_ms": itl, "output_tokens": n, "rate": rate, "median": med, **worst,
                "token_source": runs[0]["token_source"], "runs": runs}  # fmt: skip
         rows.append(row)
-        print(f"{ttft:>7g}/{itl:<6g} {n:>4} {med['ttft_err_p50_ms']:>+13.2f} {med['ttft_err_p99_ms']:>+7.2f}"
-              f" {med['itl_err_p50_ms']:>+12.2f} {med['itl_err_p99_ms']:>+7.2f}"
-              f" {med['tpot_err_p50_ms']:>+13.2f}")
+        print(
+            f"{ttft:>7g}/{itl:<6g} {n:>4} {med['ttft_err_p50_ms']:>+13.2f} {med['ttft_err_p99_ms']:>+7.2f}"
+            f" {med['itl_err_p50_ms']:>+12.2f} {med['itl_err_p99_ms']:>+7.2f}"
+            f" {med['tpot_err_p50_ms']:>+13.2f}"
+        )
     result = {
         "benchmark": "serve_ttft_accuracy",
         "what": "client-measured minus configured (mock, jitter 0); median over repeats",

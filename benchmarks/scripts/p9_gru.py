@@ -139,12 +139,16 @@ def micro(run, n: int, out: Path) -> None:  # type: ignore[no-untyped-def]
         pass
     if run.rank == 0:
         us = 1e6 / n
-        write(out, "micro.json", {
-            "n": n,
-            "allreduce_us": allreduce * us,
-            "step_empty_us": empty * us,
-            "step_log_us": logged * us,
-        })
+        write(
+            out,
+            "micro.json",
+            {
+                "n": n,
+                "allreduce_us": allreduce * us,
+                "step_empty_us": empty * us,
+                "step_log_us": logged * us,
+            },
+        )
     run.finish()
 
 

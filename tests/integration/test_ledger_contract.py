@@ -38,7 +38,6 @@ def test_report_counts_what_the_ledger_holds(tmp_path: Path) -> None:
         "--checkpoint-every",
         "3",
         "--no-progress",
-        "--no-standby",
     ]
     drills = ["--inject", "kill:rank=1,step=6,settle=1", "--inject", "nan:step=12,persist=1"]
     train = ["--", sys.executable, SCRIPT, "--steps", str(STEPS)]

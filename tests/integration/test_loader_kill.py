@@ -30,7 +30,6 @@ def _cmd(run_dir: Path, *extra: str) -> list[str]:
         "run",
         "-n",
         "2",
-        "--no-standby",
         "--run-dir",
         str(run_dir),
         "--checkpoint-every",

@@ -48,7 +48,7 @@ class Dirs:
 def _run(run_dir: Path, *flags: str, steps: int = 24) -> subprocess.Popen[Any]:
     return subprocess.Popen(
         [*GPUFLEET, "run", "-n", "2", "--run-dir", str(run_dir), "--checkpoint-every", "5",
-         "--hang-timeout", "3", "--no-progress", "--no-standby", *flags,
+         "--hang-timeout", "3", "--no-progress", *flags,
          "--", sys.executable, SCRIPT, "--steps", str(steps), "--sleep", "0.02"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

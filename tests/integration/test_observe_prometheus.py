@@ -190,7 +190,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         t_start = time.time()
         run = subprocess.Popen(
             [*GPUFLEET, "run", "-n", "2", "--run-dir", str(run_dir), "--checkpoint-every", "5",
-             "--hang-timeout", "3", "--no-progress", "--no-standby", "--metrics", f"127.0.0.1:{live_port}",
+             "--hang-timeout", "3", "--no-progress", "--metrics", f"127.0.0.1:{live_port}",
              "--inject", "kill:rank=1,step=12,settle=1", "--inject", "ckpt_fail:step=20",
              "--", sys.executable, SCRIPT, "--steps", "36", "--sleep", "0.05"],
             stdout=logs["run"], stderr=subprocess.STDOUT,

@@ -28,7 +28,6 @@ def supervised(
         "run",
         "-n",
         "2",
-        "--no-standby",
         "--run-dir",
         str(run_dir),
         "--checkpoint-every",

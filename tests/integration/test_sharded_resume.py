@@ -37,7 +37,6 @@ def run(run_dir: Path, nproc: int, steps: int, *flags: str, extra: tuple[str, ..
         "--run-dir",
         str(run_dir),
         "--no-progress",
-        "--no-standby",
         *flags,
     ]
     cmd = [*launcher, "--", sys.executable, SCRIPT, "--steps", str(steps), *extra]

@@ -10,13 +10,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from gpufleet.backends.resources import CpuAffinity, host_plan, usable_cpus
+from gpufleet.backends.zygote import Zygote
 
 pytestmark = pytest.mark.slow
 
@@ -116,18 +116,21 @@ def _unprivileged() -> list[str]:
 
 
 @pytest.mark.parametrize("eager", [False, True])
-def test_standby_imports_at_idle_priority_and_is_promoted_at_normal_priority_unprivileged(
+def test_zygote_imports_at_idle_priority_and_its_standby_is_promoted_at_normal_priority_unprivileged(
     shared_dir: Path, eager: bool
 ) -> None:
-    # eager (the first attempt's spares, GPUFLEET_STANDBY_EAGER=1): the imports run at normal priority,
-    # and the variable does not reach the training script.
-    # An extra import in the standby's warm-up records the policy of the thread that runs it; the script
-    # it is promoted to records its main thread's and a new thread's. The standby runs as nobody.
+    # eager (the first attempt's spares): the imports run at normal priority, and nothing of it reaches
+    # the training script. An extra import in the zygote's warm-up records the policy of the thread that
+    # runs it; the script its standby is promoted to records its main thread's and a new thread's. The
+    # zygote, and so the standby it forks, runs as nobody.
     (shared_dir / "probe_import.py").write_text(
         "import json, os, threading\n"
         "with open(os.path.join(os.path.dirname(__file__), 'import.json'), 'w') as f:\n"
         "    json.dump({'policy': os.sched_getscheduler(0),\n"
         "               'main': threading.current_thread() is threading.main_thread()}, f)\n"
+    )
+    (shared_dir / "sitecustomize.py").write_text(
+        "import gpufleet.train.standby as s\ns.IMPORTS = (*s.IMPORTS, 'probe_import')\n"
     )
     script = shared_dir / "promoted.py"
     script.write_text(
@@ -141,23 +144,15 @@ def test_standby_imports_at_idle_priority_and_is_promoted_at_normal_priority_unp
         "           'eager_env': os.environ.get('GPUFLEET_STANDBY_EAGER'), **seen},\n"
         "          open(sys.argv[1], 'w'))\n"
     )
-    boot = (
-        f"import sys; sys.path.insert(0, {str(shared_dir)!r}); import gpufleet.train.standby as s; "
-        "s.IMPORTS = (*s.IMPORTS, 'probe_import'); s.main()"
-    )
+    python = shared_dir / "python"
+    python.write_text(f'#!/bin/sh\nexec {" ".join(_unprivileged())} {sys.executable} "$@"\n')
+    python.chmod(0o755)
     src = str(Path(__file__).resolve().parents[2] / "src")
-    env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1"}
-    if eager:
-        env["GPUFLEET_STANDBY_EAGER"] = "1"
-    proc = subprocess.Popen(
-        [*_unprivileged(), sys.executable, "-c", boot], stdin=subprocess.PIPE, env=env, cwd=str(shared_dir)
-    )
+    env = {**os.environ, "PYTHONPATH": f"{shared_dir}{os.pathsep}{src}", "OMP_NUM_THREADS": "1"}
+    zygote = Zygote(str(python), env, store=False)
+    r, w = os.pipe()
     try:
-        deadline = time.monotonic() + 120
-        while not (shared_dir / "import.json").exists():  # the order goes in after the warm-up ran
-            assert proc.poll() is None, "the standby died while warming up"
-            assert time.monotonic() < deadline, "the standby never warmed up"
-            time.sleep(0.05)
+        proc = zygote.fork({**env, "GPUFLEET_CONTROL_FD": str(w)}, w, eager=eager)
         cpu = min(usable_cpus())
         order = {
             "env": {},
@@ -171,9 +166,9 @@ def test_standby_imports_at_idle_priority_and_is_promoted_at_normal_priority_unp
         proc.stdin.close()
         assert proc.wait(timeout=120) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        zygote.close()
+        os.close(r)
+        os.close(w)
     warm = json.loads((shared_dir / "import.json").read_text())
     # imports: a helper thread, at SCHED_IDLE unless eager
     assert warm == {"policy": os.SCHED_OTHER if eager else os.SCHED_IDLE, "main": False}

@@ -18,11 +18,11 @@ def gpufleet_run(
     timeout: float = 150,
     extra: tuple[str, ...] = (),
     nproc: int = 2,
-    standby: bool = False,
+    standby: bool = True,
 ) -> subprocess.CompletedProcess[str]:
     """``nproc`` ranks (2), a checkpoint every 5 steps, a 3 s hang floor; ``flags`` go to `gpufleet run`,
-    ``extra`` to the script. Hot spares (standby interpreters) only where a test asks for them: each
-    costs an interpreter with torch per rank, and only the tests of spares read them."""
+    ``extra`` to the script. Standby interpreters as users get them (the default): forks of the run's
+    warm interpreter, so the ranks share one ``import torch``; ``standby=False``: fresh interpreters."""
     cmd = [*GPUFLEET, "run", "-n", str(nproc), "--run-dir", str(run_dir), "--checkpoint-every", "5",
            "--hang-timeout", "3", "--no-progress", "--standby" if standby else "--no-standby", *flags,
            "--", sys.executable, SCRIPT, "--steps", str(steps), *extra]  # fmt: skip
@@ -43,7 +43,7 @@ def final_sha(run_dir: Path) -> str:
 
 
 class ToyReferences:
-    """Clean runs of toy_train.py (no faults, no spares), one per (steps, ranks), made on first use and
+    """Clean runs of toy_train.py (no faults), one per (steps, ranks), made on first use and
     shared by every test of the session that compares its final weights against one."""
 
     def __init__(self, root: Path) -> None:

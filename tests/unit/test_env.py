@@ -30,7 +30,7 @@ PASS_THROUGH = {
     "health/checks/__init__.py": "the same context's default: this process's environment",
 }
 _USE = re.compile(r"os\.environ\b|os\.getenv\b|\bgetenv\(")
-_WRITE = re.compile(r"os\.environ(\.update\(|\.setdefault\(|\.pop\(|\[[^]]+\]\s*=[^=])")
+_WRITE = re.compile(r"os\.environ(\.update\(|\.setdefault\(|\.pop\(|\.clear\(|\[[^]]+\]\s*=[^=])")
 
 
 def _sources() -> list[tuple[str, str]]:

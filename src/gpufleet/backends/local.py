@@ -36,6 +36,7 @@ from typing import Any
 from gpufleet.backends.base import CONTINUE, Attempt, Backend, Blame, LaunchSpec, RejoinWait, Verdict, Worker
 from gpufleet.backends.process import ProcessAttempt, send_signal
 from gpufleet.backends.resources import RankResources, host_plan, parse_cpu_affinity, thread_env, thread_note
+from gpufleet.backends.zygote import ForkedProcess, Zygote
 from gpufleet.core import events as E
 from gpufleet.core.env import Env, Platform
 from gpufleet.core.errors import ConfigError
@@ -65,7 +66,7 @@ _SPARE_BUILD_WAIT_S = 120.0
 
 @dataclass
 class _Standby:
-    proc: subprocess.Popen[bytes]
+    proc: ForkedProcess
     read_fd: int
     write_fd: int
     # A hot spare (in-process restart): the rank and world size it runs the script for, up to
@@ -104,10 +105,13 @@ class LocalBackend(Backend):
         self.min_nproc = min_nproc
         self.slot_failures = slot_failures
         self.in_process = in_process  # ranks run under the in-process restart harness (train/inprocess.py)
-        # The attempt's rendezvous store lives here, not in rank 0 (see _RendezvousStore); off where
+        # The attempt's rendezvous store is hosted by the supervisor's side (the zygote's store host), as
+        # torchrun's agent hosts it, not by rank 0: a rank that reaches init_process_group before rank 0
+        # has started the server backs off and retries, 0.13-0.5 s of MTTR whenever a warm replacement
+        # comes up before the rank that hosts the store. Off where
         # this backend starts one node's ranks of a multi-node job (the agent).
         self.host_store = host_store
-        self._store: _RendezvousStore | None = None
+        self._warm: Zygote | None = None  # the warm interpreter: standbys and stores (backends/zygote.py)
         self.slots: list[int] | None = None  # worker slots in use (local ranks of the first attempt)
         self.dropped: list[int] = []
         self._strikes: tuple[int, int] | None = None  # (slot, consecutive failures blamed on it)
@@ -157,7 +161,7 @@ class LocalBackend(Backend):
         rank = spec.place(local_rank).rank
         if self._spare_dir is None:
             self._spare_dir = tempfile.mkdtemp(prefix="gpufleet-spares-")
-        sb.ready_path = os.path.join(self._spare_dir, f"{sb.proc.pid}.ready")
+        sb.ready_path = os.path.join(self._spare_dir, f"{sb.proc.fork_id}.ready")
         env[Env.SPARE] = str(rank)
         env[Env.SPARE_READY] = sb.ready_path
         self._order(sb, spec, env, res, threads, rank)
@@ -178,7 +182,7 @@ class LocalBackend(Backend):
         assert entry is not None and sb.proc.stdin is not None
         argv, is_module = entry
         order = {
-            "env": {**env, Env.CONTROL_FD: str(sb.write_fd)},
+            "env": env,  # its event pipe (GPUFLEET_CONTROL_FD) it has had since the fork
             "argv": argv,
             "module": is_module,
             "log": _prepare_log(spec.log_path(rank)),
@@ -215,14 +219,19 @@ class LocalBackend(Backend):
         env.update(thread_env(res.threads, env), **{Env.CONTROL_FD: str(w)})
         if eager:  # warm at normal priority: see Backend.prepare
             env[Env.STANDBY_EAGER] = Env.STANDBY_EAGER.format(True)
-        proc = subprocess.Popen(
-            [self.python, "-m", "gpufleet.train.standby"],
-            stdin=subprocess.PIPE,
-            env=env,
-            pass_fds=(w,),
-            start_new_session=True,
-        )
+        proc = self._zygote(spec).fork(env, w, eager=eager)
         return _Standby(proc, r, w, slot=local_rank, gpu=Env.STANDBY_GPU in slot_env)
+
+    def _zygote(self, spec: LaunchSpec) -> Zygote:
+        """The warm interpreter that forks this run's standbys and hosts its stores (train/zygote.py),
+        started with the environment the ranks get, so what torch reads as it loads is theirs."""
+        if self._warm is None or not self._warm.alive():
+            if self._warm is not None:
+                self._warm.close()
+            env = {**os.environ, **spec.forward, **spec.env}
+            env.update(thread_env(self._plan(spec, len(self.active_slots(spec)))[0].threads, env))
+            self._warm = Zygote(self.python, env, store=self.host_store)
+        return self._warm
 
     def start(self, spec: LaunchSpec) -> ProcessAttempt:
         self._standby_cuda(spec)
@@ -233,8 +242,7 @@ class LocalBackend(Backend):
         rebuild = not all(self._spare_for(r, spec.world_size) for r in ranks)
         launched = [self._launch(spec, i, rebuild=rebuild) for i in range(spec.nproc_per_node)]
         if self.host_store:  # after the spawns: the ranks import torch meanwhile, and retry until it is up
-            self._store = None  # the last attempt's first: a fixed --master-port binds the same port
-            self._store = _RendezvousStore(spec)
+            self._zygote(spec).open_store(spec.master_addr, spec.master_port, spec.world_size)
         return _attempt(spec, launched)
 
     def replace(
@@ -270,8 +278,7 @@ class LocalBackend(Backend):
             return None  # a survivor did not leave its round: the supervisor restarts the whole attempt
         rebuild = not in_place or not all(self._spare_for(r, spec.world_size) for r in lost)
         if self.host_store:  # up before any rank of the new round asks for it
-            self._store = None  # the last round's first: a fixed --master-port binds the same port
-            self._store = _RendezvousStore(spec)
+            self._zygote(spec).open_store(spec.master_addr, spec.master_port, spec.world_size)
         kept = attempt.handover(survivors)
         launched: list[_Launched] = []
         for local_rank in range(spec.nproc_per_node):
@@ -318,14 +325,15 @@ class LocalBackend(Backend):
         rank = spec.place(local_rank).rank
         entry = python_entry(spec.command)
         sb = self._take_standby(rank, spec.world_size, local_rank) if entry is not None else None
-        if sb is None and entry is not None and self.in_process:
-            # Every rank runs under the in-process harness, the first attempt's too: spawn one now.
+        if sb is None and entry is not None and (self.in_process or self.standby):
+            # A fork of the warm interpreter, promoted at once: one import of torch for all the ranks
+            # (and under in-process restart, every rank runs under its harness, the first attempt's too).
             sb = self._spawn_standby(spec, res, local_rank, eager=True)
         if sb is not None and entry is not None and sb.proc.stdin is not None:
             if sb.rank is None:
                 self._order(sb, spec, env, res, threads, rank)
             else:  # a hot spare built for this rank: its promotion order is the round's environment
-                promotion = {"env": {**env, Env.CONTROL_FD: str(sb.write_fd)}, "rebuild": rebuild}
+                promotion = {"env": env, "rebuild": rebuild}
                 sb.proc.stdin.write((json.dumps(promotion) + "\n").encode())
                 sb.proc.stdin.flush()
             orders = None
@@ -395,7 +403,9 @@ class LocalBackend(Backend):
 
     def close(self) -> None:
         self._discard_standbys()
-        self._store = None
+        if self._warm is not None:
+            self._warm.close()
+            self._warm = None
         if self._spare_dir is not None:
             shutil.rmtree(self._spare_dir, ignore_errors=True)
 
@@ -445,7 +455,10 @@ class LocalBackend(Backend):
         for sb in self._standbys:
             if sb.proc.stdin is not None:
                 sb.proc.stdin.close()  # EOF: the standby exits by itself
-            send_signal(sb.proc, signal.SIGTERM, group=True)
+            if sb.proc.forked:
+                send_signal(sb.proc, signal.SIGTERM, group=True)
+            else:
+                sb.proc.cancel()  # still waiting for the zygote's imports: never made
             sb.proc.wait()
             os.close(sb.read_fd)
             os.close(sb.write_fd)
@@ -461,32 +474,6 @@ def _attempt(spec: LaunchSpec, launched: list[_Launched]) -> ProcessAttempt:
 
 
 AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"  # torch.distributed.rendezvous reads it
-
-
-class _RendezvousStore:
-    """An attempt's torch.distributed rendezvous store (a c10d ``TCPStore`` server), hosted by the
-    supervisor as torchrun's agent hosts it, a new one on a new port for every attempt.
-
-    Hosted by rank 0 instead, a rank that reaches ``init_process_group`` before rank 0 has started the
-    server backs off and retries: 0.13-0.5 s lost on the recovery path, measured on the CI host, every
-    time a replacement rank came up before the rank that hosts the store (in-process restart: the
-    replacement is a warm standby, the survivor is still aborting its round). ``torch`` is imported
-    here, in the supervisor, after the first attempt's ranks were spawned.
-    """
-
-    def __init__(self, spec: LaunchSpec) -> None:
-        import datetime
-
-        from torch.distributed import TCPStore
-
-        self.store = TCPStore(
-            spec.master_addr,
-            spec.master_port,
-            spec.world_size,
-            is_master=True,
-            wait_for_workers=False,
-            timeout=datetime.timedelta(seconds=300),
-        )
 
 
 def visible_devices(slots: list[int], environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -291,8 +291,9 @@ def _audit(fleet: Path, action: E.OperatorActionKind, target: str, who: str, res
 def supervisor_pid(run_dir: Path) -> int | None:
     """The pid of the ``gpufleet run`` supervising ``run_dir`` on this host, or None.
 
-    Found as the parent of the newest attempt's workers, and accepted only when that process is a
-    ``gpufleet ... run`` whose ``--run-dir`` is this directory (its command line is read, never shown).
+    Found as the parent of the newest attempt's workers (the grandparent of one forked by the run's warm
+    interpreter, train/zygote.py), and accepted only when that process is a ``gpufleet ... run`` whose
+    ``--run-dir`` is this directory (its command line is read, never shown).
     """
     events = read_events(run_dir)
     starts = [e for e in events if e.get("ev") == E.AttemptStart.kind]
@@ -301,33 +302,41 @@ def supervisor_pid(run_dir: Path) -> int | None:
     want = run_dir.resolve()
     for pid in starts[-1].get("pids") or ():
         try:
-            status = Path(f"/proc/{int(pid)}/status").read_text()
-        except (OSError, ValueError):
+            parent = _parent(int(pid))
+        except ValueError:
             continue
-        m = re.search(r"^PPid:\s+(\d+)", status, re.M)
-        if not m:
-            continue
-        ppid = int(m.group(1))
-        try:
-            argv = Path(f"/proc/{ppid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        args = [a.decode(errors="replace") for a in argv if a]
-        if "run" not in args or not any("gpufleet" in a for a in args):
-            continue
-        value = "runs/default"  # gpufleet run's default --run-dir
-        for i, a in enumerate(args):
-            if a.startswith("--run-dir="):
-                value = a.split("=", 1)[1]
-            elif a == "--run-dir" and i + 1 < len(args):
-                value = args[i + 1]
-        try:
-            cwd = Path(os.readlink(f"/proc/{ppid}/cwd"))
-        except OSError:
-            continue
-        if (cwd / value).resolve() == want:
-            return ppid
+        for candidate in (parent, _parent(parent) if parent else None):
+            if candidate and _supervises(candidate, want):
+                return candidate
     return None
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    m = re.search(r"^PPid:\s+(\d+)", status, re.M)
+    return int(m.group(1)) if m else None
+
+
+def _supervises(pid: int, run_dir: Path) -> bool:
+    """Whether ``pid`` is a ``gpufleet ... run`` whose ``--run-dir`` resolves to ``run_dir``."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+    except OSError:
+        return False
+    args = [a.decode(errors="replace") for a in argv if a]
+    if "run" not in args or not any("gpufleet" in a for a in args):
+        return False
+    value = "runs/default"  # gpufleet run's default --run-dir
+    for i, a in enumerate(args):
+        if a.startswith("--run-dir="):
+            value = a.split("=", 1)[1]
+        elif a == "--run-dir" and i + 1 < len(args):
+            value = args[i + 1]
+    return (cwd / value).resolve() == run_dir
 
 
 def _drain(

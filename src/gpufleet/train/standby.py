@@ -1,9 +1,11 @@
 """A standby worker: an interpreter that has already imported torch and waits to become a rank.
 
-Started ahead of time by the local backend. On a restart the supervisor writes one JSON line to
-its stdin ({"env": {...}, "argv": [...], "module": bool, "threads": N|null, "cpus": [...]|null}); the
-standby applies it and runs the training script as ``__main__``. This removes interpreter start-up
-and ``import torch`` from MTTR.
+Forked ahead of time by the run's warm interpreter (train/zygote.py), which imported torch and the rest
+of ``IMPORTS`` once for all of them. On a restart the supervisor writes one JSON line to its stdin
+({"env": {...}, "argv": [...], "module": bool, "threads": N|null, "cpus": [...]|null}); the standby
+applies it and runs the training script as ``__main__``. This removes interpreter start-up and ``import
+torch`` from MTTR. :func:`main` also runs in an interpreter of its own (``python -m
+gpufleet.train.standby``): it then imports ``IMPORTS`` itself, as described below.
 
 **It must not slow the running workers down.** The imports (seconds of CPU) run in a helper thread
 that first puts *itself* in ``SCHED_IDLE``: it gets a CPU only when no normal thread wants one. On
