@@ -19,7 +19,8 @@ from gpufleet.core.errors import SupervisorError
 SCRIPT = """
 import json, os, sys, torch
 json.dump({"rank": os.environ.get("RANK"), "mine": os.environ.get("MINE"), "pid": os.getpid(),
-           "sid": os.getsid(0), "torch": torch.__version__}, open(sys.argv[1], "w"))
+           "sid": os.getsid(0), "nvml": os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")},
+          open(sys.argv[1], "w"))
 sys.exit(int(sys.argv[2]))
 """
 
@@ -61,6 +62,7 @@ def test_standbys_run_with_their_environment_and_their_exit_codes_are_relayed(tm
         assert exits.wait(timeout=120) == 3
         seen = json.loads((tmp_path / "exits.json").read_text())
         assert seen["rank"] == "1" and seen["mine"] == "yes" and seen["pid"] == exits.pid
+        assert seen["nvml"] is None  # the zygote's own switch stays the zygote's
         assert seen["sid"] == exits.pid  # a session of its own: the backend signals its process group
         os.killpg(killed.pid, signal.SIGKILL)
         assert killed.wait(timeout=60) == -signal.SIGKILL

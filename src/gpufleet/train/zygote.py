@@ -53,6 +53,7 @@ from gpufleet.core.env import Env
 __all__ = ["main"]
 
 _MAX_MSG = 1 << 20  # one request: an environment is a few kB
+_NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"  # torch's own switch, documented for forked processes
 
 
 def _warm(idle: bool) -> None:
@@ -184,6 +185,10 @@ def _reap(sock: socket.socket) -> None:
 
 def main() -> None:
     req_fd, store_fd = (int(a) for a in sys.argv[1:3])
+    # CUDA must never be initialized here, or no fork of this process could use it: a module that asks
+    # torch.cuda.is_available() as it loads asks NVML instead, which makes no CUDA context. The forked
+    # ranks take the environment they are sent, without this.
+    os.environ[_NVML_CHECK] = "1"
     import torch.distributed  # noqa: F401 - the store's, at normal priority: the first attempt waits for it
 
     if store_fd >= 0:
