@@ -135,7 +135,7 @@ class LocalBackend(Backend):
 
     # -- hooks ---------------------------------------------------------------------------------
     def prepare(self, spec: LaunchSpec, *, eager: bool = False) -> None:
-        if not self.standby or python_entry(spec.command) is None:
+        if not self.standby or not self.forkable(spec):
             return
         slots = self.active_slots(spec)
         plan = self._plan(spec, len(slots))
@@ -222,6 +222,17 @@ class LocalBackend(Backend):
         proc = self._zygote(spec).fork(env, w, eager=eager)
         return _Standby(proc, r, w, slot=local_rank, gpu=Env.STANDBY_GPU in slot_env)
 
+    def forkable(self, spec: LaunchSpec) -> bool:
+        """Whether the warm interpreter can run this command: ``python SCRIPT`` or ``python -m MOD``
+        with an interpreter of this environment (the same ``bin`` directory as the one gpufleet runs
+        in, so the same site-packages). Another environment's python runs as a fresh process."""
+        if python_entry(spec.command) is None:
+            return False
+        found = shutil.which(spec.command[0])
+        return found is not None and os.path.dirname(os.path.abspath(found)) == os.path.dirname(
+            os.path.abspath(self.python)
+        )
+
     def _zygote(self, spec: LaunchSpec) -> Zygote:
         """The warm interpreter that forks this run's standbys and hosts its stores (train/zygote.py),
         started with the environment the ranks get, so what torch reads as it loads is theirs."""
@@ -258,7 +269,7 @@ class LocalBackend(Backend):
         None when it cannot be done here (in-process restart off, a command a standby cannot run, the
         world size changed, a survivor is gone too): the supervisor then restarts the whole attempt.
         """
-        if not self.in_process or python_entry(spec.command) is None:
+        if not self.in_process or not self.forkable(spec):
             return None
         if not isinstance(attempt, ProcessAttempt):
             return None
@@ -323,7 +334,7 @@ class LocalBackend(Backend):
         res = self._plan(spec, spec.nproc_per_node)[local_rank]
         env, threads = self._rank_env(spec, local_rank)
         rank = spec.place(local_rank).rank
-        entry = python_entry(spec.command)
+        entry = python_entry(spec.command) if self.forkable(spec) else None
         sb = self._take_standby(rank, spec.world_size, local_rank) if entry is not None else None
         if sb is None and entry is not None and (self.in_process or self.standby):
             # A fork of the warm interpreter, promoted at once: one import of torch for all the ranks
