@@ -83,9 +83,8 @@ class LlamaTarget:
 # Tests that need the llm extra (llama-cpp-python, built from source) or its server. `.ci/run` builds it
 # in the background at low priority while the parallel phase runs, and names in
 # GPUFLEET_TEST_LLAMA_ENV_FILE the file it writes once the server is up (or FILE.failed, with the
-# reason); the tests wait for it (`llm_extra`). Those that use the server measure its latency and
-# throughput, so they are `solo`: they run after the parallel phase, one at a time, on a quiet host.
-LLAMA_SERVER_FIXTURES = frozenset({"llama_service", "llama_server"})
+# reason). These tests are `solo`: they run after the parallel phase, one at a time, on a quiet host.
+LLAMA_FIXTURES = frozenset({"llm_extra", "llama_service", "llama_server"})
 
 
 def _llama_env_file() -> dict[str, str]:
@@ -142,10 +141,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the solo mark below must be on the items
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that use the llama.cpp server are `solo` (they measure its latency); under pytest-xdist
-    each test's group goes to the controller (:func:`_worker_group`)."""
+    """Tests that need the llm extra are `solo` (they wait for its build, and most measure latency);
+    under pytest-xdist each test's group goes to the controller (:func:`_worker_group`)."""
     for it in items:
-        if LLAMA_SERVER_FIXTURES & set(getattr(it, "fixturenames", ())):
+        if LLAMA_FIXTURES & set(getattr(it, "fixturenames", ())):
             it.add_marker(pytest.mark.solo)
     path = os.environ.get(GROUPS_FILE)
     if path:

@@ -4,7 +4,7 @@ export, reload. Asserts healing cut domain perplexity below 0.7x the unhealed mo
 safetensors reload to identical logits, and the GGUF (F16, Q8_0) round trips within tolerance, also
 through llama.cpp itself when llama-cpp-python is installed.
 
-Budget: about 4 minutes on a quiet 2-core box (it runs in the parallel phase): 512-token calibration and
+Budget: about 4 minutes on a quiet 2-core box, where it runs (a `solo` test): 512-token calibration and
 evaluation sets, 12 heal steps of 2x96 tokens (heal 82 s, eval 31 s, export 37 s, analyze 21 s,
 prune 16 s)."""
 
