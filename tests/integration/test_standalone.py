@@ -80,3 +80,33 @@ def test_break_out_of_the_loop_checkpoints_after_the_last_finished_step(tmp_path
         [sys.executable, "-c", BREAK_SCRIPT], capture_output=True, text=True, env=env, timeout=120
     )
     assert "start 20 last 99" in p.stdout, p.stderr  # resumes after step 19, never repeats it
+
+
+NO_FINISH_SCRIPT = """
+import sys, torch, gpufleet
+run = gpufleet.init(checkpoint_every="1")
+state = {"w": torch.zeros(16 * 1024 * 1024)}  # 64 MB: its save still persists when the script ends
+run.restore(state)
+for step in run.steps(2):
+    state["w"].add_(1)
+    run.log(loss=1.0)
+"""
+
+
+def test_a_script_that_ends_without_finish_lets_its_save_in_flight_commit(tmp_path):
+    # The persist thread is a daemon; ended inside torch's C++ code by the interpreter's exit, it
+    # would abort the process and leave only a step_*.tmp directory.
+    script = tmp_path / "train.py"
+    script.write_text(NO_FINISH_SCRIPT)
+    run_dir = tmp_path / "run"
+    p = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "GPUFLEET_RUN_DIR": str(run_dir)},
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    assert "terminate called" not in p.stderr
+    assert sorted(d.name for d in (run_dir / "checkpoints").iterdir()) == ["step_00000001"]
+    assert [e["step"] for e in read_events(run_dir) if e["ev"] == "ckpt_committed"] == [1]

@@ -10,6 +10,7 @@ without an extra collective when ``run.log`` is called.
 
 from __future__ import annotations
 
+import atexit
 import gc
 import json
 import math
@@ -159,6 +160,8 @@ class Run:
         autostep.yield_to_api()  # this Run reports the steps; the zero-code hook must not count them too
         global _CURRENT
         _CURRENT = self  # the in-process restart harness abandons it if a peer dies (inprocess.py)
+        atexit.unregister(_settle_at_exit)  # registered once, whichever Run this process makes last
+        atexit.register(_settle_at_exit)
         spawn_t = read_env(Env.SPAWN_T, float, t_init)
         self.sink.emit(E.WorkerReady(attempt=settings.attempt, init_s=round(time.time() - spawn_t, 4)))
 
@@ -619,6 +622,20 @@ def _set_stop_handler(handler: Any) -> None:
     the loop in another thread, where the run has no stop handler to change; see gpufleet.ray)."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGUSR1, handler)
+
+
+_EXIT_SAVE_WAIT_S = 60.0
+"""How long a script that ends without :meth:`Run.finish` waits at exit for its save in flight."""
+
+
+def _settle_at_exit() -> None:
+    """A script that ends without :meth:`Run.finish` (or by an exception) still lets its save in flight
+    commit: the persist thread is a daemon, and one that is inside torch's C++ code when the
+    interpreter finalizes is ended there, which aborts the process (``terminate called without an
+    active exception``) and loses that save."""
+    run = _CURRENT
+    if run is not None and not run._finished:
+        run._ckpt.release(_EXIT_SAVE_WAIT_S)
 
 
 def abandon_current(wait_s: float) -> None:
