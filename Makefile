@@ -9,7 +9,7 @@ INSTALL = $(if $(wildcard $(UV)),$(UV) pip install --python $(PY) -q,$(PIP) inst
 # CPU-only machines get the CPU wheel; never pull a multi-GB CUDA build there.
 TORCH := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
 
-.PHONY: install install-test demo test test-fast test-slow lint bench clean
+.PHONY: install install-test demo test test-fast test-slow test-durations lint bench clean
 
 $(VENV)/.base:
 	python3 -m venv $(VENV)
@@ -35,9 +35,11 @@ demo: install
 # Two tiers. test-fast: unit and in-process CLI tests, no services, no multi-process runs (minutes).
 # test-slow: the real-process contract tests (gloo ranks, kill -9, Slurm, Ray, S3, Prometheus, llama.cpp),
 # with the services `.ci/run` starts. `make test` runs both, as CI does, in two phases: TEST_WORKERS
-# pytest-xdist workers share out all but the `solo` tests by group (tests/conftest.py: a shared cluster's
-# tests run one at a time; many real-process tests wait on heartbeats and schedulers, so two workers fit
-# two cores), then the `solo` tests (latency measurements, minutes of every core) run one at a time.
+# pytest-xdist workers share out all but the `solo` tests by group, longest first (tests/conftest.py: a
+# shared cluster's tests run one at a time; many real-process tests wait on heartbeats and schedulers,
+# so two workers fit two cores), then the `solo` tests (latency measurements) run one at a time.
+# `make test-durations` runs `make test` and records each test's seconds in tests/durations.json, which
+# orders the groups (tests/support/durations.py): run it when a slow test is added or made faster.
 TEST_WORKERS ?= 2
 PYTEST = $(VENV)/bin/pytest -q
 define two_phases
@@ -54,6 +56,9 @@ test-fast: install-test
 
 test-slow: install-test
 	$(call two_phases,tests/integration tests/e2e)
+
+test-durations: export GPUFLEET_TEST_DURATIONS_OUT = $(CURDIR)/tests/durations.json
+test-durations: test
 
 lint: install-test
 	$(VENV)/bin/ruff check src tests benchmarks

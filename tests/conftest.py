@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from support import durations
+
 if TYPE_CHECKING:
     from support.llama import MockProcess
 
@@ -81,12 +83,9 @@ class LlamaTarget:
 
 
 # Tests that need the llm extra (llama-cpp-python, built from source) or its server. `.ci/run` builds it
-# in the background at low priority while the parallel phase runs, and names in
-# GPUFLEET_TEST_LLAMA_ENV_FILE the file it writes once the server is up (or FILE.failed, with the
-# reason). These tests are `solo`: they run after the parallel phase, one at a time, on a quiet host.
-LLAMA_FIXTURES = frozenset({"llm_extra", "llama_service", "llama_server"})
-
-
+# in the background at low priority while the tests run, and names in GPUFLEET_TEST_LLAMA_ENV_FILE the
+# file it writes once the server is up (or FILE.failed, with the reason); these fixtures wait for it.
+# Tests that measure latency against the server are marked `solo` where they are defined.
 def _llama_env_file() -> dict[str, str]:
     """The ``GPUFLEET_TEST_LLAMA_*`` variables of the background build's env file, waiting for it; {}
     without one."""
@@ -139,26 +138,47 @@ def pytest_configure(config: pytest.Config) -> None:
         )
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the solo mark below must be on the items
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that need the llm extra are `solo` (they wait for its build, and most measure latency);
-    under pytest-xdist each test's group goes to the controller (:func:`_worker_group`)."""
-    for it in items:
-        if LLAMA_FIXTURES & set(getattr(it, "fixturenames", ())):
-            it.add_marker(pytest.mark.solo)
+    """Under pytest-xdist: the groups in run order, longest first (tests/support/durations.py), and each
+    test's group written for the controller (:func:`_worker_group`)."""
     path = os.environ.get(GROUPS_FILE)
-    if path:
-        import json
+    if not path:
+        return
+    import json
 
-        tmp = f"{path}.{os.getpid()}"  # each worker writes the same map; the rename makes it whole
-        with open(tmp, "w") as f:
-            json.dump({it.nodeid: _worker_group(it) for it in items}, f)
-        os.replace(tmp, path)
+    groups = [_worker_group(it) for it in items]
+    ids = (it.nodeid for it in items)
+    order = durations.longest_groups_first(zip(ids, groups, strict=True), durations.load())
+    items[:] = [items[i] for i in order]
+    tmp = f"{path}.{os.getpid()}"  # each worker writes the same map; the rename makes it whole
+    with open(tmp, "w") as f:
+        json.dump({items[i].nodeid: groups[order[i]] for i in range(len(items))}, f)
+    os.replace(tmp, path)
+
+
+_DURATIONS: dict[str, float] = {}  # this run's seconds per test (setup, call, teardown), when recorded
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # The controller sees every worker's reports; a worker records nothing itself.
+    if os.environ.get(durations.OUT_VAR) and not os.environ.get("PYTEST_XDIST_WORKER"):
+        _DURATIONS[report.nodeid] = _DURATIONS.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    out = os.environ.get(durations.OUT_VAR)
+    if out and _DURATIONS and not os.environ.get("PYTEST_XDIST_WORKER"):
+        from pathlib import Path
+
+        durations.record(_DURATIONS, Path(out))
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """Load scheduling by group (:func:`_worker_group`), as the workers wrote the groups."""
+    """Load scheduling by group (:func:`_worker_group`), as the workers wrote the groups, in the order
+    they collected them (longest first), not xdist's (most tests first)."""
     from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False
 
     class GroupScheduling(LoadScopeScheduling):
         _groups: dict[str, str] | None = None
@@ -178,6 +198,16 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 def llm_extra() -> None:
     """The llm extra (llama-cpp-python) is installed: in CI, once its background build is done."""
     _llama_env_file()
+
+
+@pytest.fixture(scope="session")
+def await_llm_extra() -> Callable[[], None]:
+    """:func:`llm_extra` as a call, for a test that needs the extra only at its end: it starts at once."""
+
+    def wait() -> None:
+        _llama_env_file()
+
+    return wait
 
 
 @pytest.fixture(scope="session")

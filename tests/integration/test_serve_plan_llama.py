@@ -32,7 +32,7 @@ def within_factor(rel_error: float) -> bool:
     return 1.0 / FACTOR <= ratio <= FACTOR
 
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.solo, pytest.mark.timeout(300)]  # measures latency
 
 
 def test_planned_rate_matches_prediction(llama_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
