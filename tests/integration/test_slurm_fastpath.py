@@ -47,7 +47,7 @@ def clean_cluster(tmp_path, monkeypatch):
 def local_ref(run_dir: Path, nproc: int, steps: int, *flags: str) -> str:
     """The reference: `gpufleet run -n NPROC [FLAGS]` (local backend, from disk) of the same script."""
     flags = flags or ("--checkpoint-every", "50")
-    cmd = [*GPUFLEET, "run", "-n", str(nproc), "--run-dir", str(run_dir), "--no-progress", "--no-standby",
+    cmd = [*GPUFLEET, "run", "-n", str(nproc), "--run-dir", str(run_dir), "--no-progress",
            *flags, "--", sys.executable, SCRIPT, "--steps", str(steps)]  # fmt: skip
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr[-3000:]

@@ -30,7 +30,6 @@ def test_a_slow_rank_under_ddp_is_flagged_in_the_ledger_and_the_report(tmp_path:
         "--run-dir",
         str(run_dir),
         "--no-progress",
-        "--no-standby",
         "--inject",
         "slow:rank=1,delay=0.04",
         "--",

@@ -244,9 +244,7 @@ def test_min_nproc_drops_a_slot_that_keeps_failing_and_resumes_at_the_smaller_wo
 
 
 def test_without_min_nproc_a_failing_slot_is_never_dropped(tmp_path: Path) -> None:
-    toy_run(
-        tmp_path, "--no-standby", "--inject", "kill:rank=1,step=4", "--inject", "kill:rank=1,step=8", steps=12
-    )
+    toy_run(tmp_path, "--inject", "kill:rank=1,step=4", "--inject", "kill:rank=1,step=8", steps=12)
     from gpufleet.core import events as E
     from gpufleet.core.ledger import read_typed
 

@@ -160,8 +160,7 @@ class Run:
         autostep.yield_to_api()  # this Run reports the steps; the zero-code hook must not count them too
         global _CURRENT
         _CURRENT = self  # the in-process restart harness abandons it if a peer dies (inprocess.py)
-        atexit.unregister(_settle_at_exit)  # registered once, whichever Run this process makes last
-        atexit.register(_settle_at_exit)
+        atexit.register(self._settle_at_exit)  # until finish, stop or abandon closes the run
         spawn_t = read_env(Env.SPAWN_T, float, t_init)
         self.sink.emit(E.WorkerReady(attempt=settings.attempt, init_s=round(time.time() - spawn_t, 4)))
 
@@ -591,8 +590,17 @@ class Run:
         in-flight checkpoint gets ``wait_s`` seconds to notice the dead peer and stop; SIGUSR1 gets its
         default handler back. The process group is the harness's to destroy."""
         self._finished = True
+        atexit.unregister(self._settle_at_exit)
         self._ckpt.release(wait_s)
         _set_stop_handler(signal.SIG_DFL)
+
+    def _settle_at_exit(self) -> None:
+        """A script that ends without :meth:`finish` (or by an exception) still lets its save in flight
+        commit: the persist thread is a daemon, and one that is inside torch's C++ code when the
+        interpreter finalizes is ended there, which aborts the process (``terminate called without an
+        active exception``) and loses that save."""
+        if not self._finished:
+            self._ckpt.release(_EXIT_SAVE_WAIT_S)
 
     def _heartbeat_phase(self, phase: str) -> None:
         # Tells the supervisor's hang detector that a long, step-less phase (final save) is starting.
@@ -601,6 +609,7 @@ class Run:
 
     def _close(self, status: str) -> None:
         self._finished = True
+        atexit.unregister(self._settle_at_exit)
         _set_stop_handler(signal.SIG_IGN)  # the run is over: a late stop request is moot
         self._ckpt.close()
         if not self.supervised and self.is_main:
@@ -611,6 +620,8 @@ class Run:
 
 
 _CURRENT: Run | None = None
+_EXIT_SAVE_WAIT_S = 60.0
+"""How long a script that ends without :meth:`Run.finish` waits at exit for its save in flight."""
 
 
 def _say(line: str) -> None:
@@ -622,20 +633,6 @@ def _set_stop_handler(handler: Any) -> None:
     the loop in another thread, where the run has no stop handler to change; see gpufleet.ray)."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGUSR1, handler)
-
-
-_EXIT_SAVE_WAIT_S = 60.0
-"""How long a script that ends without :meth:`Run.finish` waits at exit for its save in flight."""
-
-
-def _settle_at_exit() -> None:
-    """A script that ends without :meth:`Run.finish` (or by an exception) still lets its save in flight
-    commit: the persist thread is a daemon, and one that is inside torch's C++ code when the
-    interpreter finalizes is ended there, which aborts the process (``terminate called without an
-    active exception``) and loses that save."""
-    run = _CURRENT
-    if run is not None and not run._finished:
-        run._ckpt.release(_EXIT_SAVE_WAIT_S)
 
 
 def abandon_current(wait_s: float) -> None:
