@@ -65,10 +65,10 @@ def test_bench_llama_summary_is_sane(llama_server: Any, tmp_path: Path, api: str
     assert 0 < s["slo"]["attainment"] <= 1 and s["slo"]["goodput_per_s"] > 0
 
 
-@pytest.mark.solo  # whether a rate meets the SLO depends on what else runs on the host
 def test_find_max_rate_llama_terminates_with_a_capacity_curve(llama_server: Any, tmp_path: Path) -> None:
+    # An SLO a loaded host still meets at the lowest rate (the search's contract, not llama.cpp's speed).
     s = bench(llama_server, tmp_path, "--workload", "in=fixed:32;out=fixed:8", "--requests", "4",
-              "--rate", "1", "--max-rate", "4", "--slo", "ttft=1s,tpot=200ms", "--find-max-rate",
+              "--rate", "1", "--max-rate", "4", "--slo", "ttft=20s,tpot=2s", "--find-max-rate",
               "--attainment", "0.9", timeout=240)  # fmt: skip
     cap = json.loads((tmp_path / "capacity.json").read_text())
     assert cap["max_rate"] is not None and 0 < cap["max_rate"] <= 4, cap["max_rate"]
