@@ -77,7 +77,7 @@ def test_pairwise_odd_count_timeout_and_all_bad():
 def test_xid_parse_and_classify():
     evs = parse_xids(data_path("kern_xid79.log").read_text())
     assert [(e.pci, e.code) for e in evs] == [("0000:48:00", 13), ("0000:58:00", 13), ("0000:48:00", 79)]
-    assert classify(79).severity == "fatal" and classify(79).action == "drain"
+    assert classify(79).severity == "fatal" and classify(79).action == "reboot"
     assert classify(13).severity == "app" and classify(68).severity == "warn"
     assert classify(9999).severity == "warn"
     many = parse_xids(data_path("kern_app13.log").read_text())

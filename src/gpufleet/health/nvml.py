@@ -13,7 +13,7 @@ from typing import Any
 
 from gpufleet.core.env import Env
 
-__all__ = ["load_nvml", "GpuReading", "read_gpus", "NvmlUnavailable"]
+__all__ = ["load_nvml", "GpuReading", "read_gpus", "NvmlUnavailable", "NVLINK_COUNTERS", "VIOLATIONS"]
 
 # Clock event (throttle) reason bits, as in nvml.h.
 THROTTLE_BITS = {
@@ -28,6 +28,25 @@ THROTTLE_BITS = {
     0x100: "display_clocks",
 }
 BAD_THROTTLE = {"hw_slowdown": "fail", "hw_power_brake": "fail", "hw_thermal": "warn", "sw_thermal": "warn"}
+
+
+# NVLink error counters (nvmlNvLinkErrorCounter_t): reading key -> counter id.
+NVLINK_COUNTERS = {"replay": 0, "recovery": 1, "crc_flit": 2, "crc_data": 3}
+NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS
+# NVLink per-link speed fields (nvmlDeviceGetFieldValues): NVML_FI_DEV_NVLINK_SPEED_MBPS_L0..L11,
+# then the speed every link shares (NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON), in MB/s.
+NVLINK_SPEED_COMMON_FIELD = 90
+# Violation (throttle time) counters (nvmlPerfPolicyType_t): reading key -> policy id.
+VIOLATIONS = {
+    "power": 0,
+    "thermal": 1,
+    "sync_boost": 2,
+    "board_limit": 3,
+    "low_utilization": 4,
+    "reliability": 5,
+}
+NVML_PAGE_RETIREMENT_CAUSE_SBE = 0
+NVML_PAGE_RETIREMENT_CAUSE_DBE = 1
 
 
 class NvmlUnavailable(Exception):
@@ -97,6 +116,7 @@ def read_gpus() -> list[GpuReading]:
             _call(nvml, r, "temperature", "nvmlDeviceGetTemperature", h, nvml.NVML_TEMPERATURE_GPU)
             _call(nvml, r, "pcie_gen", "nvmlDeviceGetMaxPcieLinkGeneration", h)
             _call(nvml, r, "pcie_width", "nvmlDeviceGetCurrPcieLinkWidth", h)
+            _read_more(nvml, r, h)
             out.append(r)
         return out
     finally:
@@ -104,6 +124,74 @@ def read_gpus() -> list[GpuReading]:
             nvml.nvmlShutdown()
         except nvml.NVMLError:
             pass
+
+
+def _read_more(nvml: ModuleType, r: GpuReading, h: Any) -> None:
+    """ECC corrected counts, retired pages, PCIe current vs max and replays, power, throttle time,
+    NVLink state, speed and error counters, driver and VBIOS versions."""
+    cor = getattr(nvml, "NVML_MEMORY_ERROR_TYPE_CORRECTED", 0)
+    _call(nvml, r, "ecc_sbe_volatile", "nvmlDeviceGetTotalEccErrors", h, cor, nvml.NVML_VOLATILE_ECC)
+    _call(nvml, r, "ecc_sbe_aggregate", "nvmlDeviceGetTotalEccErrors", h, cor, nvml.NVML_AGGREGATE_ECC)
+    for key, cause in (
+        ("retired_sbe", NVML_PAGE_RETIREMENT_CAUSE_SBE),
+        ("retired_dbe", NVML_PAGE_RETIREMENT_CAUSE_DBE),
+    ):
+        pages = _call(nvml, r, key, "nvmlDeviceGetRetiredPages", h, cause)
+        if pages is not None:
+            r.values[key] = len(pages)
+    _call(nvml, r, "retired_pending", "nvmlDeviceGetRetiredPagesPendingStatus", h)
+    _call(nvml, r, "pcie_gen_curr", "nvmlDeviceGetCurrPcieLinkGeneration", h)
+    _call(nvml, r, "pcie_width_max", "nvmlDeviceGetMaxPcieLinkWidth", h)
+    _call(nvml, r, "pcie_replays", "nvmlDeviceGetPcieReplayCounter", h)
+    _call(nvml, r, "power_mw", "nvmlDeviceGetPowerUsage", h)
+    _call(nvml, r, "power_limit_mw", "nvmlDeviceGetEnforcedPowerLimit", h)
+    violations: dict[str, list[int]] = {}
+    for key, policy in VIOLATIONS.items():
+        v = _call(nvml, r, f"violation_{key}", "nvmlDeviceGetViolationStatus", h, policy)
+        r.values.pop(f"violation_{key}", None)
+        if v is not None:
+            violations[key] = [int(v.referenceTime), int(v.violationTime)]  # us timestamp, ns throttled
+    if violations:
+        r.values["violations"] = violations
+    for key, fn in (("driver", "nvmlSystemGetDriverVersion"), ("vbios", "nvmlDeviceGetVbiosVersion")):
+        v = _call(nvml, r, key, fn, *(() if key == "driver" else (h,)))
+        if isinstance(v, bytes):
+            r.values[key] = v.decode()
+    links: list[dict[str, Any]] = []
+    for link in range(NVLINK_MAX_LINKS):
+        try:
+            active = nvml.nvmlDeviceGetNvLinkState(h, link)
+        except nvml.NVMLError:
+            break  # past the GPU's last link (or no NVLink at all)
+        except AttributeError:
+            r.unsupported.append("nvlink")
+            break
+        entry: dict[str, Any] = {"link": link, "active": bool(active)}
+        for name, counter in NVLINK_COUNTERS.items():
+            try:
+                entry[name] = int(nvml.nvmlDeviceGetNvLinkErrorCounter(h, link, counter))
+            except (nvml.NVMLError, AttributeError):
+                pass
+        links.append(entry)
+    if links:
+        r.values["nvlink"] = links
+        speed = _nvlink_speed(nvml, h)
+        if speed is not None:
+            r.values["nvlink_speed_mbps"] = speed
+
+
+def _nvlink_speed(nvml: ModuleType, h: Any) -> float | None:
+    """The speed every NVLink of the GPU runs at (MB/s, one direction), from NVML's field values."""
+    fn = getattr(nvml, "nvmlDeviceGetFieldValues", None)
+    if fn is None:
+        return None
+    try:
+        (fv,) = fn(h, [NVLINK_SPEED_COMMON_FIELD])
+    except nvml.NVMLError:
+        return None
+    if getattr(fv, "nvmlReturn", 0) != 0:
+        return None
+    return float(fv.value.uiVal)
 
 
 def throttle_names(mask: int) -> list[str]:

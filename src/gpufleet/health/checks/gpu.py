@@ -11,7 +11,15 @@ from gpufleet.core.env import Env
 from gpufleet.health.checks import Context, register, result
 from gpufleet.health.nvml import BAD_THROTTLE, NvmlUnavailable, read_gpus, throttle_names
 from gpufleet.health.results import CheckResult, Status, worst
-from gpufleet.health.xid import classify, parse_xids, repeat_suspects
+from gpufleet.health.xid import (
+    XidClass,
+    classify,
+    classify_sxid,
+    parse_sxids,
+    parse_xids,
+    repeat_suspects,
+    worst_action,
+)
 
 
 @register("gpu.inventory", component="gpu", timeout_s=15)
@@ -78,6 +86,13 @@ def _judge(ctx: Context, metric: str, value: float, what: str, problems: list[tu
         problems.append((st, f"{what} {value:g} (limit {limit:g})"))
 
 
+# The readings gpu.state judges (the other checks report their own unreadable values).
+STATE_KEYS = frozenset(
+    {"ecc_volatile", "ecc_aggregate", "remapped", "throttle", "sm_clock", "sm_clock_max", "temperature"}
+    | {"pcie_gen", "pcie_width"}
+)
+
+
 @register("gpu.state", component="gpu", timeout_s=15, requires_gpu=True)
 def state(ctx: Context) -> list[CheckResult]:
     """Per GPU: ECC volatile/aggregate, remapped rows (NVML call), throttle reasons, temperature, PCIe."""
@@ -135,8 +150,9 @@ def state(ctx: Context) -> list[CheckResult]:
             )
         else:
             detail = "; ".join(p[1] for p in problems if p[0] is not Status.OK)
-        if g.unsupported:
-            detail += f" (not readable: {', '.join(sorted(set(g.unsupported)))})"
+        unreadable = sorted(set(g.unsupported) & STATE_KEYS)
+        if unreadable:
+            detail += f" (not readable: {', '.join(unreadable)})"
         hint = (
             (
                 "drain the node; reset the GPU (row remap pending) or replace it (ECC, remap failure, "
@@ -190,17 +206,10 @@ def kernel_log(ctx: Context) -> tuple[str | None, str]:
 
 @register("gpu.xid", component="gpu", timeout_s=20, requires_gpu=True)
 def xid(ctx: Context) -> list[CheckResult]:
-    """XID events in the kernel log, classified by the data table (data/xid.toml)."""
+    """XID events in the kernel log, classified by the data table (data/xid.toml) into actions."""
     text, where = kernel_log(ctx)
     if text is None:
-        return [
-            result(
-                "gpu.xid",
-                Status.INCOMPLETE,
-                f"no kernel log: {where}",
-                hint="run as root or with CAP_SYSLOG, or set kernel_log in the plan",
-            )
-        ]
+        return [_no_log("gpu.xid", where)]
     events = parse_xids(text)
     fatal, warns, apps = [], [], []
     for e in events:
@@ -217,7 +226,14 @@ def xid(ctx: Context) -> list[CheckResult]:
         st = Status.OK
     if not lines:
         lines = [f"{len(apps)} application XID(s), no hardware XIDs" if apps else "no XIDs"]
-    data = {"source": where, "events": [{"pci": e.pci, "xid": e.code} for e in events[:50]]}
+    judged = fatal + warns
+    action = worst_action([c.action for _e, c in judged] + (["drain"] if suspects else []))
+    data = {
+        "source": where,
+        "action": action,
+        "events": [{"pci": e.pci, "xid": e.code} for e in events[:50]],
+        "classes": {str(c.code): {"action": c.action, "reason": c.reason, "url": c.url} for _e, c in judged},
+    }
     return [
         result(
             "gpu.xid",
@@ -227,6 +243,58 @@ def xid(ctx: Context) -> list[CheckResult]:
             unit="fatal XIDs",
             threshold=0,
             data=data,
-            hint="drain the node and follow the XID's action" if st is not Status.OK else "",
+            hint=_action_hint(action, [c for _e, c in judged]) if st is not Status.OK else "",
+        )
+    ]
+
+
+def _no_log(check: str, where: str) -> CheckResult:
+    return result(
+        check,
+        Status.INCOMPLETE,
+        f"no kernel log: {where}",
+        hint="run as root or with CAP_SYSLOG, or set kernel_log in the plan",
+    )
+
+
+def _action_hint(action: str, classes: list[XidClass]) -> str:
+    worst = next((c for c in classes if c.action == action), None)
+    if worst is None:
+        return f"{action}: XID 13/31 repeating on one GPU points at the hardware"
+    return f"{action}: {worst.reason} (see {worst.url})"
+
+
+@register("gpu.sxid", component="gpu", timeout_s=20, requires_gpu=True)
+def sxid(ctx: Context) -> list[CheckResult]:
+    """SXID (NVSwitch) events in the kernel log, classified by data/xid.toml into actions."""
+    text, where = kernel_log(ctx)
+    if text is None:
+        return [_no_log("gpu.sxid", where)]
+    events = parse_sxids(text)
+    classes = [(e, classify_sxid(e.code, e.fatal)) for e in events]
+    fatal = [(e, c) for e, c in classes if c.severity == "fatal"]
+    lines = [
+        f"sxid {c.code} on {e.switch} ({'fatal' if c.severity == 'fatal' else 'non-fatal'}: "
+        f"{e.text[:60] or 'no text'}): {c.action}"
+        for e, c in classes
+    ]
+    st = Status.FAIL if fatal else (Status.WARN if classes else Status.OK)
+    action = worst_action([c.action for _e, c in classes])
+    data = {
+        "source": where,
+        "action": action,
+        "events": [{"switch": e.switch, "pci": e.pci, "sxid": e.code} for e in events[:50]],
+        "classes": {str(c.code): {"action": c.action, "reason": c.reason, "url": c.url} for _e, c in classes},
+    }
+    return [
+        result(
+            "gpu.sxid",
+            st,
+            "; ".join(dict.fromkeys(lines)) or "no SXIDs",
+            value=len(fatal),
+            unit="fatal SXIDs",
+            threshold=0,
+            data=data,
+            hint=_action_hint(action, [c for _e, c in classes]) if st is not Status.OK else "",
         )
     ]
