@@ -82,7 +82,7 @@ def test_table_output_names_the_bad_gpu_and_exits_1(fleet):
     "args, needle",
     [
         (["--plan", "nope"], "valid: quick, postfail, acceptance"),
-        (["--profile", "V100"], "valid: CPU, H100, H200, B200, A100"),
+        (["--profile", "V100"], "valid: CPU, H100, H200, GB200, B200, A100"),
         (["--plan", "__BAD__"], "unknown check 'gpu.frob'; valid:"),
     ],
 )

@@ -105,7 +105,8 @@ def test_report_exit_codes_and_schema():
 
 def test_profiles_and_detection():
     ps = load_profiles()
-    assert set(ps) == {"CPU", "H100", "H200", "B200", "A100"}
+    assert set(ps) == {"CPU", "H100", "H200", "GB200", "B200", "A100"}
+    assert detect_profile(["NVIDIA GB200"]).name == "GB200"  # not B200, whose name it contains
     assert ps["H200"].threshold("compute.matmul").unit == "TFLOPS"
     assert ps["H200"].threshold("storage.write") is not None  # merged from [defaults]
     assert detect_profile(["NVIDIA H200"]).name == "H200" and detect_profile([]).name == "CPU"

@@ -186,6 +186,12 @@ class Env:
     NVML_MODULE = Var("GPUFLEET_NVML_MODULE", str, "pynvml", "the NVML binding the GPU checks import")
     FAKE_NVML = Var("GPUFLEET_FAKE_NVML", str, "", "a JSON file the fake NVML module reads its GPUs from")
     KERNEL_LOG = Var("GPUFLEET_KERNEL_LOG", str, "", "the kernel log the Xid check reads (default: dmesg)")
+    SYSFS_ROOT = Var(
+        "GPUFLEET_SYSFS_ROOT",
+        str,
+        "/sys",
+        "the sysfs root the InfiniBand and NVMe checks read (tests: a recorded tree)",
+    )
     CLOCK_FILE = Var(
         "GPUFLEET_CLOCK_FILE", str, "", "a file whose time the clock check compares with this node's"
     )

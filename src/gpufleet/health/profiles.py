@@ -29,6 +29,12 @@ UNITS: dict[str, float] = {
     "count": 1.0,
     "gen": 1.0,
     "lanes": 1.0,
+    "links": 1.0,
+    "pages": 1.0,
+    "W": 1.0,
+    "%": 1.0,
+    "per_min": 1.0,
+    "Gb/s": 1e9,
 }
 
 

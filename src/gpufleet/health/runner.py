@@ -20,7 +20,7 @@ from typing import Any
 from gpufleet.core import events as E
 from gpufleet.core.launch import node_name
 from gpufleet.core.ledger import Ledger, read_events
-from gpufleet.health.checks import CheckSpec, Context, registry
+from gpufleet.health.checks import CheckSpec, Context, NotApplicable, registry
 from gpufleet.health.nodes import fleet_dir
 from gpufleet.health.plans import Plan
 from gpufleet.health.profiles import Profile
@@ -57,12 +57,17 @@ def exit_past_hung_checks(code: int) -> None:
         os._exit(code)
 
 
-def _run_one(spec: CheckSpec, ctx: Context, timeout: float) -> list[CheckResult]:
-    box: dict[str, Any] = {}
+def _run_one(
+    spec: CheckSpec, ctx: Context, timeout: float, box: dict[str, Any] | None = None
+) -> list[CheckResult]:
+    """The check's results; none when it raised :class:`NotApplicable` (its message in ``box["na"]``)."""
+    box = {} if box is None else box
 
     def target() -> None:
         try:
             box["out"] = spec.fn(ctx)
+        except NotApplicable as e:
+            box["na"] = str(e)
         except Exception as e:  # noqa: BLE001 - a crashing check must become INCOMPLETE, not stop the plan
             box["err"] = f"{type(e).__name__}: {e}"
 
@@ -81,6 +86,8 @@ def _run_one(spec: CheckSpec, ctx: Context, timeout: float) -> list[CheckResult]
                 hint="the check hung: look for a stuck device, filesystem or driver call",
             )
         ]
+    elif "na" in box:
+        return []
     elif "err" in box:
         out = [CheckResult(spec.name, Status.INCOMPLETE, detail=f"check crashed: {box['err']}"[:300])]
     else:
@@ -137,7 +144,10 @@ def run_plan(
             scratch=scratch,
             env=dict(os.environ if env is None else env),
         )
-        results.extend(_run_one(spec, ctx, timeout))
+        box: dict[str, Any] = {}
+        results.extend(_run_one(spec, ctx, timeout, box))
+        if "na" in box:
+            not_applicable.append(f"{pc.name} ({box['na']})")
     dur = time.monotonic() - t0
     return Report(
         node=node,

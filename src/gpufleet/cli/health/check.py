@@ -35,7 +35,8 @@ NodeOpt = Annotated[
     str | None, typer.Option("--node", help="Node name (default: $GPUFLEET_NODE or hostname).")
 ]
 ProfileOpt = Annotated[
-    str | None, typer.Option("--profile", help="H100 | H200 | B200 | A100 | CPU (default: from NVML).")
+    str | None,
+    typer.Option("--profile", help="H100 | H200 | GB200 | B200 | A100 | CPU (default: from NVML)."),
 ]
 ExpectOpt = Annotated[
     int | None,

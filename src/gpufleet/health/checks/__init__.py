@@ -17,9 +17,14 @@ from typing import Any
 from gpufleet.health.profiles import Profile
 from gpufleet.health.results import CheckResult, Status
 
-__all__ = ["Context", "CheckSpec", "register", "registry", "result", "measured", "FAMILIES"]
+__all__ = ["Context", "CheckSpec", "NotApplicable", "register", "registry", "result", "measured", "FAMILIES"]
 
-FAMILIES = ("host", "gpu", "compute", "memory", "collective", "storage")
+FAMILIES = ("host", "gpu", "links", "compute", "memory", "collective", "storage", "dcgm")
+
+
+class NotApplicable(Exception):
+    """Raised by a check whose subject is absent on this node (no NVMe drive, DCGM not installed): the
+    report lists it as not applicable, with this message, instead of a result."""
 
 
 @dataclass

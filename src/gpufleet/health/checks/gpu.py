@@ -298,3 +298,136 @@ def sxid(ctx: Context) -> list[CheckResult]:
             hint=_action_hint(action, [c for _e, c in classes]) if st is not Status.OK else "",
         )
     ]
+
+
+# ------------------------------------------------------------ memory errors, throttling, power
+@register("gpu.ecc", component="memory", timeout_s=15, requires_gpu=True)
+def ecc(ctx: Context) -> list[CheckResult]:
+    """Per GPU: single-bit (corrected) ECC counts and retired pages, pending retirement (double-bit
+    ECC and row remapping are gpu.state's)."""
+    from gpufleet.health.checks.links import judge, per_gpu
+
+    try:
+        gpus = read_gpus()
+    except NvmlUnavailable as e:
+        return [result("gpu.ecc", Status.INCOMPLETE, str(e), hint="NVML is needed to read ECC counters")]
+    judged: dict[int, list[tuple[Status, str]]] = {}
+    ok: dict[int, str] = {}
+    for g in gpus:
+        v, problems = g.values, []
+        keys = ("ecc_sbe_volatile", "ecc_sbe_aggregate", "retired_sbe", "retired_dbe", "retired_pending")
+        if not any(k in v for k in keys):
+            continue
+        if "ecc_sbe_volatile" in v:
+            judge(
+                ctx, "gpu.ecc_corrected_volatile", v["ecc_sbe_volatile"], "volatile corrected ECC", problems
+            )
+        if "ecc_sbe_aggregate" in v:
+            judge(
+                ctx,
+                "gpu.ecc_corrected_aggregate",
+                v["ecc_sbe_aggregate"],
+                "aggregate corrected ECC",
+                problems,
+            )
+        retired = int(v.get("retired_sbe", 0)) + int(v.get("retired_dbe", 0))
+        judge(ctx, "gpu.retired_pages", retired, "retired pages", problems)
+        if v.get("retired_pending"):
+            problems.append((Status.WARN, "page retirement pending (reset the GPU or reload the driver)"))
+        judged[g.index] = problems
+        ok[g.index] = f"{v.get('ecc_sbe_volatile', '?')} corrected ECC (volatile), {retired} retired pages"
+    out = per_gpu(
+        "gpu.ecc",
+        gpus,
+        judged,
+        ok,
+        "reset the GPU when idle to apply pending retirements; many retired pages or a climbing corrected "
+        "count mean the HBM is wearing: plan the GPU's replacement",
+    )
+    return out or [
+        result("gpu.ecc", Status.INCOMPLETE, "NVML reads no ECC counters (ECC off or unsupported)")
+    ]
+
+
+@register("gpu.throttle", component="gpu", timeout_s=30, requires_gpu=True)
+def throttle(ctx: Context) -> list[CheckResult]:
+    """Per GPU: the share of the window each reason (power, thermal, reliability, board limit)
+    held the clocks down, from NVML's violation time counters read twice ``window_s`` apart."""
+    from gpufleet.health.checks.links import judge, per_gpu, readings
+
+    try:
+        first, second, _elapsed = readings(ctx, default_window=1.0)
+    except NvmlUnavailable as e:
+        return [
+            result("gpu.throttle", Status.INCOMPLETE, str(e), hint="NVML is needed to read throttle time")
+        ]
+    later = {g.index: g for g in (second or [])}
+    judged: dict[int, list[tuple[Status, str]]] = {}
+    ok: dict[int, str] = {}
+    for g in first:
+        a, b = g.values.get("violations"), later.get(g.index, g).values.get("violations")
+        if not a or not b:
+            continue
+        problems: list[tuple[Status, str]] = []
+        shares = []
+        for reason in ("power", "thermal", "reliability", "board_limit"):
+            if reason not in a or reason not in b:
+                continue
+            window_ns = (b[reason][0] - a[reason][0]) * 1000.0  # the device's own timestamps, us
+            if window_ns <= 0:
+                continue
+            share = 100.0 * (b[reason][1] - a[reason][1]) / window_ns
+            shares.append(f"{reason} {share:.1f}%")
+            judge(ctx, f"gpu.throttle_{reason}", round(share, 3), f"throttled by {reason}", problems)
+        if not shares:
+            continue
+        judged[g.index] = problems
+        ok[g.index] = "throttled: " + ", ".join(shares)
+    out = per_gpu(
+        "gpu.throttle",
+        first,
+        judged,
+        ok,
+        "thermal: check airflow, fans and the inlet temperature; reliability or board limit: check the "
+        "power supplies and the BMC's event log; power: the job runs at its power cap",
+    )
+    return out or [
+        result(
+            "gpu.throttle",
+            Status.INCOMPLETE,
+            "no throttle time measured: NVML reads no violation counters, or the window was empty",
+            hint="set window_s > 0 in the plan; needs a driver with nvmlDeviceGetViolationStatus",
+        )
+    ]
+
+
+@register("gpu.power", component="gpu", timeout_s=15, requires_gpu=True)
+def power(ctx: Context) -> list[CheckResult]:
+    """Per GPU: power draw against the enforced limit, and that limit against the profile's."""
+    from gpufleet.health.checks.links import judge, per_gpu
+
+    try:
+        gpus = read_gpus()
+    except NvmlUnavailable as e:
+        return [result("gpu.power", Status.INCOMPLETE, str(e), hint="NVML is needed to read power")]
+    judged: dict[int, list[tuple[Status, str]]] = {}
+    ok: dict[int, str] = {}
+    for g in gpus:
+        v = g.values
+        if "power_mw" not in v or not v.get("power_limit_mw"):
+            continue
+        problems: list[tuple[Status, str]] = []
+        draw, limit = v["power_mw"] / 1000.0, v["power_limit_mw"] / 1000.0
+        judge(ctx, "gpu.power_draw", round(100.0 * draw / limit, 1), "power draw, % of the limit,", problems)
+        judge(ctx, "gpu.power_limit", limit, "enforced power limit", problems)
+        judged[g.index] = problems
+        ok[g.index] = f"{draw:.0f} W of {limit:.0f} W"
+    out = per_gpu(
+        "gpu.power",
+        gpus,
+        judged,
+        ok,
+        "a draw above the limit means power capping does not hold (service the board); a limit below "
+        "the profile's was set by someone (nvidia-smi -pl) or by the BMC: restore it or check the PSUs",
+    )
+    return out or [result("gpu.power", Status.INCOMPLETE, "NVML reads no power draw or limit")]

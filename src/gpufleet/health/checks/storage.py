@@ -164,3 +164,126 @@ def checkpoint(ctx: Context) -> list[CheckResult]:
             )
         )
     return out
+
+
+# ------------------------------------------------------------------------------------ NVMe SMART
+def _smart_int(data: dict[str, object], *keys: str) -> int | None:
+    for k in keys:
+        v = data.get(k)
+        if isinstance(v, dict):  # nvme-cli 2.x writes some fields as {"value": n, ...}
+            v = v.get("value")
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            return int(v)
+    return None
+
+
+def parse_smart_log(text: str) -> dict[str, int | None]:
+    """The health fields of ``nvme smart-log -o json``. Raises ValueError on other text."""
+    import json
+
+    data = json.loads(text)
+    if not isinstance(data, dict) or "critical_warning" not in data:
+        raise ValueError("no critical_warning in nvme smart-log output")
+    return {
+        "critical_warning": _smart_int(data, "critical_warning"),
+        "percent_used": _smart_int(data, "percent_used", "percentage_used"),
+        "media_errors": _smart_int(data, "media_errors"),
+        "available_spare": _smart_int(data, "avail_spare", "available_spare"),
+        "spare_threshold": _smart_int(data, "spare_thresh", "available_spare_threshold"),
+    }
+
+
+# critical_warning bits (NVMe base specification, SMART / Health Information log)
+_CRITICAL = {
+    0x1: "available spare below threshold",
+    0x2: "temperature out of range",
+    0x4: "reliability degraded (media or internal errors)",
+    0x8: "media in read-only mode",
+    0x10: "volatile memory backup failed",
+    0x20: "persistent memory region read-only",
+}
+
+
+@register("storage.nvme", component="storage", timeout_s=30)
+def nvme(ctx: Context) -> list[CheckResult]:
+    """Per NVMe controller: SMART critical warning, wear (percent used), media errors, spare vs threshold
+    (``nvme smart-log -o json``)."""
+    import subprocess
+
+    from gpufleet.health.checks.links import judge, sysfs_root
+
+    root = sysfs_root(ctx)
+    ctrls = ctx.param("nvme_devices", None) or [
+        f"/dev/{p.name}" for p in sorted((root / "class" / "nvme").glob("nvme*"))
+    ]
+    if not ctrls:
+        from gpufleet.health.checks import NotApplicable
+
+        raise NotApplicable(f"no NVMe controllers under {root}/class/nvme")
+    exe = shutil.which(str(ctx.param("nvme", "nvme")), path=ctx.env.get("PATH"))
+    if exe is None:
+        return [
+            result(
+                "storage.nvme",
+                Status.INCOMPLETE,
+                f"{len(ctrls)} NVMe controller(s) but the nvme command is not installed",
+                hint="install nvme-cli (apt install nvme-cli) to read SMART health",
+            )
+        ]
+    out = []
+    for dev in ctrls:
+        try:
+            p = subprocess.run(
+                [exe, "smart-log", dev, "-o", "json"],
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=min(15.0, ctx.remaining()),
+                env=ctx.env,
+            )
+            smart = parse_smart_log(p.stdout)
+        except subprocess.TimeoutExpired:
+            out.append(result("storage.nvme", Status.INCOMPLETE, "nvme smart-log timed out", device=dev))
+            continue
+        except ValueError:
+            err = (p.stderr or p.stdout).strip().splitlines()
+            out.append(
+                result(
+                    "storage.nvme",
+                    Status.INCOMPLETE,
+                    f"nvme smart-log exit {p.returncode}: {err[-1][:100] if err else 'no output'}",
+                    device=dev,
+                    hint="run as root (reading SMART needs CAP_SYS_ADMIN)",
+                )
+            )
+            continue
+        problems: list[tuple[Status, str]] = []
+        cw = smart["critical_warning"] or 0
+        for bit, what in _CRITICAL.items():
+            if cw & bit:
+                problems.append((Status.FAIL, f"critical warning: {what}"))
+        if smart["percent_used"] is not None:
+            judge(ctx, "storage.nvme_percent_used", smart["percent_used"], "wear", problems)
+        if smart["media_errors"] is not None:
+            judge(ctx, "storage.nvme_media_errors", smart["media_errors"], "media errors", problems)
+        spare, thresh = smart["available_spare"], smart["spare_threshold"]
+        if spare is not None and thresh is not None and spare <= thresh and not cw & 0x1:
+            problems.append((Status.FAIL, f"available spare {spare}% at or below its threshold {thresh}%"))
+        st = max((x[0] for x in problems), key=[Status.OK, Status.WARN, Status.FAIL].index, default=Status.OK)
+        out.append(
+            result(
+                "storage.nvme",
+                st,
+                "; ".join(x[1] for x in problems)
+                if problems
+                else f"{smart['percent_used']}% used, {smart['media_errors']} media errors, spare {spare}%",
+                value=smart["percent_used"],
+                unit="%",
+                device=dev,
+                hint="back up and replace the drive; move checkpoints and caches off it"
+                if st is not Status.OK
+                else "",
+                data=smart,
+            )
+        )
+    return out
