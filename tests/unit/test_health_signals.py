@@ -311,3 +311,39 @@ def test_acceptance_plan_runs_dcgm_levels():
 
     names = [c.name for c in load_plan("acceptance").checks]
     assert {"dcgm.diag_r1", "dcgm.diag_r2", "nvlink.state", "pcie.link", "net.ib", "gpu.sxid"} <= set(names)
+
+
+# ------------------------------------------------------------- driver and firmware agreement
+def test_versions_check_reads_the_node_inventory(nvml, monkeypatch):
+    env = nvml("nvml_h100_links_ok.json")
+    env["GPUFLEET_SYSFS_ROOT"] = str(data_path("sysfs/ib_ok"))
+    (r,) = run("gpu.versions", env)
+    assert r.status is Status.OK
+    assert r.data["inventory"] == {"driver": "550.54.15", "vbios": "96.00.74.00.1A", "hca_fw": "28.39.2048"}
+
+
+def test_odd_node_of_a_job_is_flagged(nvml):
+    from gpufleet.health.agreement import apply_agreement, odd_nodes
+
+    plan = parse_plan({"name": "t", "budget_s": 30, "checks": [{"name": "gpu.versions"}]}, "test")
+    reports = []
+    for node, rec in (
+        ("n1", "nvml_h100_links_ok.json"),
+        ("n2", "nvml_h100_old_driver.json"),
+        ("n3", "nvml_h100_links_ok.json"),
+    ):
+        reports.append(run_plan(plan, get_profile("H100"), node=node, env=nvml(rec)))
+    found = apply_agreement(reports)
+    assert set(found) == {"n2"}
+    assert "driver 535.161.08 (most nodes: 550.54.15, 2 of 3)" in found["n2"]
+    assert any(p.startswith("vbios 96.00.61.00.01") for p in found["n2"])
+    odd = reports[1].results[-1]
+    assert odd.status is Status.FAIL and odd.device == "job" and odd.hint and reports[1].exit_code() == 1
+    assert [r.status for r in reports[0].results] == [Status.OK]  # the others are left as they were
+    # firmware only: WARN; no majority: every node is named
+    assert odd_nodes({"a": {"vbios": "1"}, "b": {"vbios": "1"}, "c": {"vbios": "2"}}) == {
+        "c": ["vbios 2 (most nodes: 1, 2 of 3)"]
+    }
+    split = odd_nodes({"a": {"driver": "1"}, "b": {"driver": "2"}})
+    assert set(split) == {"a", "b"} and "no majority" in split["a"][0]
+    assert odd_nodes({"a": {"driver": "1"}, "b": {"driver": "1"}}) == {}

@@ -188,6 +188,7 @@ def health_sweep(
         out.append(h)
         if on_result is not None:
             on_result(h)
+    _agree(out)
     _record_reports([h.report for h in out if h.report], fleet)
     held = quarantined()
     for h in out:
@@ -195,6 +196,25 @@ def health_sweep(
     if act:
         _act(out, plan, resource, fleet)
     return out
+
+
+def _agree(out: list[NodeHealth]) -> None:
+    """Driver and firmware agreement across the swept nodes: an odd node's report gains a
+    ``gpu.versions`` result (FAIL for a different driver), and its exit code follows."""
+    from gpufleet.health.agreement import apply_agreement
+
+    pairs = []
+    for h in out:
+        if h.report:
+            try:
+                pairs.append((h, report_from_dict(h.report)))
+            except (KeyError, TypeError, ValueError):
+                continue
+    found = apply_agreement([rep for _h, rep in pairs])
+    for h, rep in pairs:
+        if rep.node in found:
+            h.report = rep.to_dict()
+            h.exit_code = rep.exit_code() if h.exit_code in (0, 1, 3) else h.exit_code
 
 
 def _act(out: list[NodeHealth], plan: str, resource: str, fleet: str | os.PathLike[str] | None) -> None:

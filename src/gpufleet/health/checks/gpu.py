@@ -431,3 +431,33 @@ def power(ctx: Context) -> list[CheckResult]:
         "the profile's was set by someone (nvidia-smi -pl) or by the BMC: restore it or check the PSUs",
     )
     return out or [result("gpu.power", Status.INCOMPLETE, "NVML reads no power draw or limit")]
+
+
+@register("gpu.versions", component="software", timeout_s=15, requires_gpu=True)
+def versions(ctx: Context) -> list[CheckResult]:
+    """The node's driver, VBIOS and HCA firmware versions (compared across a job's nodes by
+    gpufleet.health.agreement); WARN when this node's own GPUs run different VBIOS versions."""
+    from gpufleet.health.agreement import node_inventory
+
+    try:
+        gpus = read_gpus()
+    except NvmlUnavailable as e:
+        return [result("gpu.versions", Status.INCOMPLETE, str(e), hint="NVML is needed to read versions")]
+    from gpufleet.health.checks.links import sysfs_root
+
+    inv = node_inventory(gpus, sysfs_root(ctx))
+    if not inv:
+        return [result("gpu.versions", Status.INCOMPLETE, "NVML reads no driver or VBIOS version")]
+    vbios = sorted({str(g.values["vbios"]) for g in gpus if "vbios" in g.values})
+    detail = ", ".join(f"{k} {v}" for k, v in inv.items())
+    if len(vbios) > 1:
+        return [
+            result(
+                "gpu.versions",
+                Status.WARN,
+                f"GPUs of this node run different VBIOS versions: {', '.join(vbios)}",
+                hint="flash one VBIOS on every GPU (nvflash, or the vendor's firmware bundle)",
+                data={"inventory": inv},
+            )
+        ]
+    return [result("gpu.versions", Status.OK, detail, data={"inventory": inv})]
