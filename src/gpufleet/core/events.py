@@ -143,6 +143,16 @@ class Actor(enum.StrEnum):
     ADMIN = "admin"
 
 
+class Remedy(enum.StrEnum):
+    """What a failed node needs: the action class of the XID/SXID behind it, least to most disruptive."""
+
+    WATCH = "watch"
+    DRAIN = "drain"
+    RESET_GPU = "reset_gpu"
+    REBOOT = "reboot"
+    SERVICE_REQUIRED = "service_required"
+
+
 class SlurmActionKind(enum.StrEnum):
     DRAIN = "drain"
     RESUME = "resume"
@@ -559,6 +569,7 @@ class NodeState(Event):
     component: Component = Component.UNKNOWN  # the part blamed
     by: Actor = Actor.GPUFLEET  # who changed it
     check: str | None = None  # the health check behind it
+    remedy: Remedy | None = None  # what the node needs (the XID/SXID class behind the failure)
 
 
 @event("health_result")

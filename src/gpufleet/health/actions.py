@@ -127,6 +127,7 @@ class NodeActions(ABC):
         self.sink = sink
         self.fleet = fleet
         self.breaker = breaker or Breaker(self.platform, fleet)
+        self.remedy: str | None = None  # the XID/SXID class behind the next isolation (remediate.py)
 
     @abstractmethod
     def isolate(self, node: str, check: str, detail: str, component: str = "unknown") -> bool:
@@ -192,4 +193,5 @@ class NodeActions(ABC):
         from gpufleet.health.nodes import COMPONENTS, record_state
 
         comp = component if component in COMPONENTS else "unknown"
-        record_state(node, state, reason, component=comp, check=check, fleet=self.fleet)
+        remedy = self.remedy if state in ("drained", "suspect") else None
+        record_state(node, state, reason, component=comp, check=check, fleet=self.fleet, remedy=remedy)

@@ -21,7 +21,14 @@ to a good state; its duration is the repair time. Per node:
 - MTBF = time in good states / failures (None without failures);
 - MTTR = mean of completed repair times (None without any);
 - lemon = at least ``lemon_failures`` failures within the last ``lemon_window_s`` seconds
-  (defaults 3 in 30 days; env ``GPUFLEET_LEMON_FAILURES`` / ``GPUFLEET_LEMON_WINDOW_DAYS``).
+  (defaults 3 in 30 days; env ``GPUFLEET_LEMON_FAILURES`` / ``GPUFLEET_LEMON_WINDOW_DAYS``), or an
+  escalated remedy (below).
+
+A failure may carry a **remedy**, the action class of the XID/SXID behind it
+(:data:`gpufleet.health.xid.ACTIONS`: watch, drain, reset_gpu, reboot, service_required). The node's
+remedy is its newest failure's; when a ``reset_gpu`` or ``reboot`` remedy comes back within the lemon
+window, the reset did not fix the fault and the remedy escalates to ``service_required`` (NVIDIA's
+escalation: drain, reset, then service), which also makes the node a lemon.
 
 :func:`exclude_list` returns the nodes a scheduler should keep jobs off: currently down, or lemons.
 """
@@ -82,8 +89,11 @@ def record_state(
     by: str = "gpufleet",
     fleet: str | os.PathLike[str] | None = None,
     t: float | None = None,
+    remedy: str | None = None,
 ) -> dict[str, Any]:
     """Append one ``node_state`` event to the fleet ledger and return its fields."""
+    from gpufleet.health.xid import ACTIONS
+
     if not node:
         raise UsageError("node name must not be empty")
     if state not in STATES:
@@ -92,10 +102,14 @@ def record_state(
         raise UsageError(f"unknown component {component!r}; valid: {', '.join(COMPONENTS)}")
     if by not in BY:
         raise UsageError(f"unknown actor {by!r}; valid: {', '.join(BY)}")
+    if remedy is not None and remedy not in ACTIONS:
+        raise UsageError(f"unknown remedy {remedy!r}; valid: {', '.join(ACTIONS)}")
     fields: dict[str, Any] = {"node": node, "state": state, "reason": reason}
     fields.update(component=component, by=by)
     if check is not None:
         fields["check"] = check
+    if remedy is not None:
+        fields["remedy"] = remedy
     if t is not None:
         fields["t"] = t
     with Ledger(fleet_dir(fleet)) as ledger:
@@ -151,6 +165,8 @@ class NodeSummary:
     failures_by_component: dict[str, int] = field(default_factory=dict)
     recent_failures: int = 0
     lemon: bool = False
+    failures_by_remedy: dict[str, int] = field(default_factory=dict)
+    remedy: str | None = None  # the newest failure's remedy, escalated (see the module doc)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -164,6 +180,7 @@ def summarize_node(
     failures: list[float] = []
     repair_times: list[float] = []
     by_component: Counter[str] = Counter()
+    remedy_of: dict[float, str] = {}  # failure time -> its remedy
     good_time = 0.0
     state: str | None = None
     entered = float(evs[0].get("t", now)) if evs else now
@@ -177,6 +194,10 @@ def summarize_node(
             failures.append(t)
             failed_at = t
             by_component[str(e.get("component", "unknown"))] += 1
+            if e.get("remedy"):
+                remedy_of[t] = str(e["remedy"])
+        elif new in FAILURE_STATES and e.get("remedy") and failed_at is not None:
+            remedy_of[failed_at] = str(e["remedy"])  # the same failure (suspect -> drained), now classed
         elif new in GOOD_STATES and was_down and failed_at is not None:
             repair_times.append(t - failed_at)
             failed_at = None
@@ -186,6 +207,9 @@ def summarize_node(
         good_time += max(0.0, now - entered)
     last = evs[-1]
     recent = sum(1 for t in failures if t >= now - lemon_window_s)
+    remedies = sorted(remedy_of.items())
+    by_remedy = Counter(r for _t, r in remedies)
+    remedy, escalated = escalate(remedies, now - lemon_window_s)
     return NodeSummary(
         node=node,
         state=str(last["state"]),
@@ -198,8 +222,25 @@ def summarize_node(
         mttr_s=sum(repair_times) / len(repair_times) if repair_times else None,
         failures_by_component=dict(sorted(by_component.items())),
         recent_failures=recent,
-        lemon=recent >= lemon_failures,
+        lemon=recent >= lemon_failures or escalated,
+        failures_by_remedy=dict(sorted(by_remedy.items())),
+        remedy=remedy,
     )
+
+
+RESETS = ("reset_gpu", "reboot")
+
+
+def escalate(remedies: list[tuple[float, str]], since: float) -> tuple[str | None, bool]:
+    """(the node's remedy, escalated): the newest remedy, or ``service_required`` when a reset or
+    reboot remedy came back after an earlier one (both at or after ``since``)."""
+    if not remedies:
+        return None, False
+    newest = remedies[-1][1]
+    recent = [r for t, r in remedies if t >= since and r in RESETS]
+    if newest in RESETS and len(recent) >= 2:
+        return "service_required", True
+    return newest, False
 
 
 def node_table(

@@ -16,6 +16,8 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+from gpufleet.core import events as E
+
 __all__ = [
     "ACTIONS",
     "XidEvent",
@@ -30,7 +32,7 @@ __all__ = [
     "worst_action",
 ]
 
-ACTIONS = ("watch", "drain", "reset_gpu", "reboot", "service_required")
+ACTIONS = tuple(r.value for r in E.Remedy)  # watch drain reset_gpu reboot service_required
 """Action classes, least to most disruptive."""
 
 _LINE = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f:.]+)\): (\d+)(?:,\s*(.*))?")

@@ -225,11 +225,23 @@ def _act(out: list[NodeHealth], plan: str, resource: str, fleet: str | os.PathLi
         if h.exit_code == 1 and not h.quarantined:
             failed = [r for r in h.report.get("results", []) if r.get("status") == "FAIL"]
             detail = "; ".join(f"{r['check']}: {r.get('detail', '')}" for r in failed)[:300]
+            acts.remedy = _remedy(h)  # the XID/SXID class, carried into the node state
             h.quarantined = acts.isolate(h.node_id, check, detail)
+            acts.remedy = None
             h.action = acts.outcome
         elif h.exit_code == 0 and h.quarantined:
             h.quarantined = not acts.release(h.node_id, why=f"health {plan} passed; quarantine lifted")
             h.action = acts.outcome
+
+
+def _remedy(h: NodeHealth) -> str | None:
+    from gpufleet.health.passive import report_remedy
+
+    try:
+        rep = h.as_report()
+    except (KeyError, TypeError, ValueError):
+        return None
+    return report_remedy(rep) if rep is not None else None
 
 
 class RayActions(NodeActions):

@@ -12,7 +12,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -165,15 +165,29 @@ def watch(
     profile: ProfileOpt = None,
     expect_gpus: ExpectOpt = None,
     fleet_dir: FleetOpt = None,
+    act: Annotated[
+        str | None,
+        typer.Option(
+            "--act",
+            help="Act on these XID/SXID classes (comma-separated: drain, reset_gpu, reboot, "
+            "service_required, or all): isolate the node through --platform, audited. Off by default.",
+        ),
+    ] = None,
+    platform: Annotated[
+        str, typer.Option("--platform", help="Where --act isolates nodes: slurm (drain).")
+    ] = "slurm",
 ) -> None:
     """Passive mode: run a plan every --interval seconds, record results and node-state transitions."""
     from gpufleet.health.passive import apply_report
+
+    actions, allow = _actions(act, platform, fleet_dir)
 
     rounds = 0
     while count == 0 or rounds < count:
         t0 = time.monotonic()
         report = _run(plan, node, profile, expect_gpus, fleet_dir, True, True)
         tr = apply_report(report, fleet_dir)
+        remedy = _remediate(report, actions, allow)
         line = {
             "t": report.started,
             "node": report.node,
@@ -181,13 +195,36 @@ def watch(
             "status": str(report.status),
             "counts": report.to_dict()["counts"],
             "transition": tr and {k: tr[k] for k in ("state", "reason")},
+            "remedy": remedy and {"action": remedy.action, "outcome": remedy.outcome},
         }
         if json_out:
             typer.echo(json.dumps(line, default=str))
         else:
             moved = f" -> {tr['state']} ({tr['reason']})" if tr else ""
+            moved += f"; remedy {remedy.action}: {remedy.outcome}" if remedy else ""
             typer.echo(f"{time.strftime('%H:%M:%S')} {report.node} {report.plan}: {report.status}{moved}")
         rounds += 1
         if count and rounds >= count:
             break
         time.sleep(max(0.0, interval - (time.monotonic() - t0)))
+
+
+def _actions(act: str | None, platform: str, fleet: Path | None) -> tuple[Any, frozenset[str]]:
+    """The platform's node actions and the allowed classes for ``--act`` (none without it)."""
+    if act is None:
+        return None, frozenset()
+    from gpufleet.core.errors import UsageError
+    from gpufleet.health.remediate import parse_allow
+
+    allow = parse_allow(act)
+    if platform != "slurm":
+        raise UsageError(f"unknown --platform {platform!r}; valid: slurm")
+    from gpufleet.backends.slurm.actions import SlurmActions
+
+    return SlurmActions(fleet=fleet), allow
+
+
+def _remediate(report: Report, actions: Any, allow: frozenset[str]) -> Any:
+    from gpufleet.health.remediate import remediate
+
+    return remediate(report, actions, allow)
