@@ -177,3 +177,28 @@ def test_acceptance_script_dry_run(tmp_path, fleet):
         timeout=30,
     )
     assert p.returncode == 2
+
+
+def test_watch_acts_on_an_allowed_xid_class_only(fleet, tmp_path):
+    """`watch --act reboot` drains the node for XID 79 through Slurm (stand-in sinfo/scontrol on
+    PATH); a bad class is one line on stderr, exit 2."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sinfo").write_text("#!/bin/sh\nprintf 'x1|idle|none\\nx2|idle|none\\nx3|idle|none\\n'\n")
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {bin_dir}/scontrol.args\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = {**nvml("nvml_h100_ok.json"), "GPUFLEET_KERNEL_LOG": str(data_path("kern_xid79.log"))}
+    env["PATH"] = f"{bin_dir}:{os.environ['PATH']}"
+    plan = write_plan(fleet.parent / "xid.toml", "gpu.xid")
+    watch = ("health", "watch", "--plan", plan, "--interval", "0", "--node", "x1", "--json", "--count", "1")
+    p = gf(*watch, "--act", "frob", env=env)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "unknown action class frob" in p.stderr
+    p = gf(*watch, env=env)  # no --act: a recommendation only
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["remedy"] == {"action": "reboot", "outcome": "not allowed"}
+    assert not (bin_dir / "scontrol.args").exists()
+    p = gf(*watch, "--act", "reboot,reset_gpu", env=env)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["remedy"] == {"action": "reboot", "outcome": "isolated"}
+    assert "state=drain reason=gpufleet: gpu.xid: reboot: xid 79" in (bin_dir / "scontrol.args").read_text()
