@@ -347,3 +347,26 @@ def test_odd_node_of_a_job_is_flagged(nvml):
     split = odd_nodes({"a": {"driver": "1"}, "b": {"driver": "2"}})
     assert set(split) == {"a", "b"} and "no majority" in split["a"][0]
     assert odd_nodes({"a": {"driver": "1"}, "b": {"driver": "1"}}) == {}
+
+
+def test_the_ray_sweep_compares_its_nodes_and_carries_the_remedy(nvml):
+    from gpufleet.backends.ray.quarantine import NodeHealth, _agree, _remedy
+
+    plan = parse_plan(
+        {"name": "t", "budget_s": 30, "checks": [{"name": "gpu.versions"}, {"name": "gpu.xid"}]}, "t"
+    )
+    swept = []
+    for node, rec, log in (
+        ("a", "nvml_h100_links_ok.json", "kern_clean.log"),
+        ("b", "nvml_h100_old_driver.json", "kern_clean.log"),
+        ("c", "nvml_h100_links_ok.json", "kern_xid79.log"),
+    ):
+        rep = run_plan(plan, get_profile("H100"), node=node, env=nvml(rec, kernel_log=log))
+        swept.append(NodeHealth(node, node, rep.exit_code(), rep.to_dict()))
+    _agree(swept)
+    assert [(h.node, h.exit_code, h.report["status"]) for h in swept] == [
+        ("a", 0, "OK"),
+        ("b", 1, "FAIL"),  # the odd driver: its report and exit code now say so
+        ("c", 1, "FAIL"),  # xid 79
+    ]
+    assert [_remedy(h) for h in swept] == [None, None, "reboot"]
