@@ -21,13 +21,13 @@ from gpufleet.health.passive import report_remedy
 from gpufleet.health.results import Report
 from gpufleet.health.xid import ACTIONS
 
-__all__ = ["ACTABLE", "Remedy", "parse_allow", "remediate"]
+__all__ = ["ACTABLE", "RemedyOutcome", "parse_allow", "remediate"]
 
 ACTABLE = tuple(a for a in ACTIONS if a != "watch")
 
 
 @dataclass
-class Remedy:
+class RemedyOutcome:
     """What a report calls for and what came of it."""
 
     node: str
@@ -50,7 +50,7 @@ def parse_allow(text: str) -> frozenset[str]:
     return frozenset(names)
 
 
-def remediate(report: Report, actions: NodeActions | None, allow: Collection[str]) -> Remedy | None:
+def remediate(report: Report, actions: NodeActions | None, allow: Collection[str]) -> RemedyOutcome | None:
     """Isolate ``report.node`` when its remedy is in ``allow`` (see the module doc). None when the
     report calls for no action (no failing XID/SXID result, or only ``watch``)."""
     action = report_remedy(report)
@@ -58,7 +58,7 @@ def remediate(report: Report, actions: NodeActions | None, allow: Collection[str
         return None
     src = next(r for r in report.failures() if r.data.get("action") == action)
     detail = f"{action}: {src.detail}"
-    rem = Remedy(report.node, action, src.check, detail, "not allowed")
+    rem = RemedyOutcome(report.node, action, src.check, detail, "not allowed")
     if action not in allow or actions is None:
         return rem
     actions.remedy = action
